@@ -1,0 +1,135 @@
+"""The data contract between environments, rewards, policies and the GRPO loop.
+
+The core (rlkit/) knows only these types. An environment package (envs/<name>/) implements
+`EpisodeEnv` and `EnvSpec`; a reward function maps an `Episode` to a `RewardOutput`; the policy
+package turns conversations into tokens and back. Nothing here names a particular env.
+
+The episode protocol follows the text-environment shape used by skyrl-gym's BaseTextEnv
+(init -> observation, step(model_text) -> observation, reward, done, metadata), with images added:
+the policy sees, on each turn, the observation text and zero or more images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from PIL import Image
+
+
+@dataclass
+class Observation:
+    """What the policy is shown on one turn, as one user message.
+
+    text: the message text (task prompt on turn 0, feedback afterwards).
+    images: PIL images attached to the message, in order, shown before the text.
+    """
+
+    text: str
+    images: list[Image.Image] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    """Result of `EpisodeEnv.step`.
+
+    observation: next user message, or None when `done`.
+    reward: env reward of this step (upstream semantics; the trained reward is a `RewardFn`).
+    done: the episode ended (terminated by the env). The turn budget is the harness's, not the env's.
+    info: env-specific per-turn facts (JSON-serialisable). The core reads only two keys when present:
+        "parse_ok" (bool, the model output parsed into a valid action) and "success" (bool).
+    """
+
+    observation: Observation | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EpisodeEnv(Protocol):
+    """A text-in, observation-out episode (one instance per concurrent episode).
+
+    reset(seed) starts the episode on task `seed` and returns the first user message.
+    step(action_text) consumes the raw model output of one turn. It must never raise on a
+    malformed output: an unparsable action is a no-op with info["parse_ok"] = False.
+    success() says whether the episode solved its task (used for success rate / eval).
+    """
+
+    system_prompt: str | None
+
+    def reset(self, seed: int) -> Observation: ...
+
+    def step(self, action_text: str) -> StepOutput: ...
+
+    def success(self) -> bool: ...
+
+
+class EnvSpec(Protocol):
+    """What a conf/env/<name>.yaml instantiates (via `_target_`): a factory plus the task sets.
+
+    max_turns: policy turns per episode (1 for single-turn envs).
+    make(): a fresh EpisodeEnv.
+    eval_seeds(): the fixed evaluation set (list of task seeds), e.g. visgym_easy_64 = 0..63.
+    eval_set_name: its name for logs and result files.
+    is_eval_seed(seed): True if training must never see this seed.
+    """
+
+    max_turns: int
+    eval_set_name: str
+
+    def make(self) -> EpisodeEnv: ...
+
+    def eval_seeds(self) -> list[int]: ...
+
+    def is_eval_seed(self, seed: int) -> bool: ...
+
+
+@dataclass
+class Turn:
+    """One policy turn of an episode: the raw model text and what the env said about it."""
+
+    action_text: str
+    env_reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = "stop"  # "stop" (end-of-turn token) or "length" (max_new_tokens hit)
+
+
+@dataclass
+class Episode:
+    """The record a reward function sees: a finished episode on one task.
+
+    seed: the task seed. turns: the policy turns in order. terminated: the env ended it (done);
+    truncated: the turn budget ran out first. success: env.success() at the end.
+    """
+
+    seed: int
+    turns: list[Turn]
+    terminated: bool
+    truncated: bool
+    success: bool
+
+    @property
+    def env_return(self) -> float:
+        return float(sum(t.env_reward for t in self.turns))
+
+    @property
+    def parse_failures(self) -> int:
+        return sum(1 for t in self.turns if not t.info.get("parse_ok", True))
+
+
+@dataclass
+class RewardOutput:
+    """A scalar reward for one episode plus named components for logging (reward/<name>)."""
+
+    total: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+class RewardFn(Protocol):
+    """reward(episode) -> RewardOutput. Pure: no state, no I/O. `name` is used in error messages."""
+
+    name: str
+
+    def __call__(self, episode: Episode) -> RewardOutput: ...
