@@ -1,0 +1,73 @@
+"""VisGym maze_2d for rlkit: upstream-identical mazes, a gymnasium env, the policy-facing episode
+(interactive or single-turn plan mode), action parsers, the EnvSpec and a skyrl-gym adapter.
+
+Public API:
+    generate_maze(seed, size) -> (maze_map, start, goal)     maze.py
+    solve(maze_map, start, goal) -> path; solve_moves(...) -> action directions
+    render_image(maze_map, agent, goal, cell_size) -> PIL image; render_text(...) -> str
+    MazeEnv (gymnasium; ids rlkit/Maze2D-easy-v0, rlkit/Maze2D-hard-v0, registered on import)
+    make_parser(name) -> parser with parse(text) -> ParsedAction | None
+    MazeEpisode (rlkit.types.EpisodeEnv), VisGymMaze (rlkit.types.EnvSpec), EVAL_SETS
+    register_skyrl() -> registers the skyrl-gym id "rlkit-visgym-maze" (imports skyrl_gym)
+"""
+
+from envs.visgym.episode import MazeEpisode, system_prompt
+from envs.visgym.gym_env import GYM_IDS, STOP, MazeEnv, register_gymnasium
+from envs.visgym.maze import (
+    MOVE_DELTAS,
+    MOVE_NAMES,
+    VARIANT_SIZES,
+    distance_map,
+    generate_maze,
+    path_to_moves,
+    render_text,
+    solve,
+    solve_moves,
+)
+from envs.visgym.parsers import PARSER_NAMES, ParsedAction, make_parser
+from envs.visgym.render import render_array, render_image
+from envs.visgym.spec import EVAL_SETS, EvalSet, VisGymMaze, train_seed_stream
+
+SKYRL_ENV_ID = "rlkit-visgym-maze"
+
+
+def register_skyrl() -> str:
+    """Register the skyrl-gym adapter under ``SKYRL_ENV_ID`` (idempotent); returns the id.
+
+    Kept out of package import because ``skyrl_gym`` takes ~0.3 s to import.
+    """
+    from envs.visgym.skyrl_env import register
+
+    return register()
+
+
+register_gymnasium()
+
+__all__ = [
+    "EVAL_SETS",
+    "GYM_IDS",
+    "MOVE_DELTAS",
+    "MOVE_NAMES",
+    "PARSER_NAMES",
+    "SKYRL_ENV_ID",
+    "STOP",
+    "VARIANT_SIZES",
+    "EvalSet",
+    "MazeEnv",
+    "MazeEpisode",
+    "ParsedAction",
+    "VisGymMaze",
+    "distance_map",
+    "generate_maze",
+    "make_parser",
+    "path_to_moves",
+    "register_gymnasium",
+    "register_skyrl",
+    "render_array",
+    "render_image",
+    "render_text",
+    "solve",
+    "solve_moves",
+    "system_prompt",
+    "train_seed_stream",
+]

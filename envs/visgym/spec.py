@@ -1,0 +1,165 @@
+"""``VisGymMaze``: the EnvSpec that conf/env/visgym*.yaml instantiates, and the fixed eval sets.
+
+Evaluation sets are named, versioned objects: ``visgym_easy_64`` (maze_2d/easy seeds 0..63, the
+upstream VisGym evaluation set) and ``visgym_hard_64`` (maze_2d/hard seeds 0..63). Training must
+never see them: ``is_eval_seed`` says which seeds to skip and ``train_seed_stream`` yields a seeded
+stream of training seeds that already skips them.
+
+Step budgets on the eval sets (shortest path + 1 stop): easy needs 13 turns (50 mazes) or 17 turns
+(14 mazes), so 15 turns admit 50/64 and 18 turns all 64; hard needs 17 to 33 turns (30 turns,
+the VisGym paper's budget, admit 63/64). Reports state the budget next to the success rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
+from envs.visgym.gym_env import MazeEnv
+from envs.visgym.maze import VARIANT_SIZES
+from envs.visgym.render import DEFAULT_CELL_SIZE
+from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
+
+IMPLS = ("native", "upstream")
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """A fixed evaluation set: ``name`` (for logs and result files), ``version``, the maze
+    ``variant`` and its task ``seeds``. A change of content must bump the version."""
+
+    name: str
+    version: int
+    variant: str
+    seeds: tuple[int, ...]
+    _seed_set: frozenset = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_seed_set", frozenset(self.seeds))
+
+    def __contains__(self, seed: object) -> bool:
+        return seed in self._seed_set
+
+
+EVAL_SETS: dict[str, EvalSet] = {
+    "visgym_easy_64": EvalSet("visgym_easy_64", 1, "easy", tuple(range(64))),
+    "visgym_hard_64": EvalSet("visgym_hard_64", 1, "hard", tuple(range(64))),
+}
+
+_EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64"}
+
+
+def train_seed_stream(seed: int, eval_set: EvalSet) -> Iterator[int]:
+    """Endless stream of training task seeds in [0, 2**31 - 1), reproducible from ``seed``,
+    skipping the seeds of ``eval_set``."""
+    rng = np.random.default_rng(seed)
+    while True:
+        s = int(rng.integers(0, 2**31 - 1))
+        if s not in eval_set:
+            yield s
+
+
+class VisGymMaze:
+    """EnvSpec for VisGym maze_2d (``rlkit.types.EnvSpec``); every argument is a config key.
+
+    Args:
+        variant: "easy" (9x9, maze_2d/easy) or "hard" (11x11, maze_2d/hard).
+        mode: "interactive" (one action per turn) or "plan" (one turn, whole route).
+        max_turns: interactive: policy turns per episode (default 18: admits all 64 easy eval
+            mazes). plan: the action budget of the single plan (stop included); the policy gets
+            ``self.max_turns == 1`` turn.
+        parser: action format; interactive: "tuple" (VisGym), "tuple_answer", "keyword" (SkyRL);
+            plan: "plan".
+        cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
+        impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
+
+    Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
+    ``eval_set`` (``EvalSet``), ``eval_set_name``.
+
+    Raises:
+        TypeError: an unknown argument (a config key typo).
+        ValueError: a bad value, or a parser that does not fit the mode.
+        ImportError / RuntimeError: impl="upstream" and the VisGym fork is not installed.
+    """
+
+    def __init__(
+        self,
+        variant: str = "easy",
+        mode: str = "interactive",
+        max_turns: int = 18,
+        parser: str = "tuple",
+        cell_size: int = DEFAULT_CELL_SIZE,
+        impl: str = "native",
+    ):
+        if variant not in VARIANT_SIZES:
+            raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
+        if mode not in MODES:
+            raise ValueError(f"env.mode must be one of {MODES}, got {mode!r}")
+        if parser not in MODE_PARSERS[mode]:
+            raise ValueError(
+                f"env.parser={parser!r} does not fit env.mode={mode!r}; use one of {MODE_PARSERS[mode]}"
+            )
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"env.max_turns must be an int >= 1, got {max_turns!r}")
+        if isinstance(cell_size, bool) or not isinstance(cell_size, int) or cell_size < 4:
+            raise ValueError(f"env.cell_size must be an int >= 4 pixels, got {cell_size!r}")
+        if impl not in IMPLS:
+            raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
+        if impl == "upstream":
+            if cell_size != DEFAULT_CELL_SIZE:
+                raise ValueError(
+                    f"env.cell_size={cell_size} cannot be honoured with impl=upstream "
+                    f"(the upstream renderer draws {DEFAULT_CELL_SIZE} px cells)"
+                )
+            require_upstream(variant)
+        self.variant = variant
+        self.mode = mode
+        self.parser = parser
+        self.cell_size = cell_size
+        self.impl = impl
+        self.action_budget = max_turns
+        self.max_turns = max_turns if mode == "interactive" else 1
+        self.eval_set = EVAL_SETS[_EVAL_SET_OF_VARIANT[variant]]
+        self.eval_set_name = self.eval_set.name
+
+    def __repr__(self) -> str:
+        return (
+            f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
+            f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r})"
+        )
+
+    # -- EnvSpec -------------------------------------------------------------------------------
+
+    def make(self) -> MazeEpisode:
+        """A fresh episode env (one per concurrent episode)."""
+        if self.impl == "native":
+            env = MazeEnv(variant=self.variant, cell_size=self.cell_size)
+        else:
+            env = UpstreamMazeEnv(variant=self.variant)
+        return MazeEpisode(env, mode=self.mode, parser=self.parser, budget=self.action_budget)
+
+    def eval_seeds(self) -> list[int]:
+        """Task seeds of the fixed evaluation set (0..63)."""
+        return list(self.eval_set.seeds)
+
+    def is_eval_seed(self, seed: int) -> bool:
+        """True if ``seed`` belongs to the evaluation set (training must skip it)."""
+        return seed in self.eval_set
+
+    def train_seed_stream(self, seed: int) -> Iterator[int]:
+        """Endless reproducible stream of training seeds that skips eval seeds (see module doc)."""
+        return train_seed_stream(seed, self.eval_set)
+
+    # -- supervised warm start -----------------------------------------------------------------
+
+    def solution(self, seed: int) -> list[int]:
+        """The shortest solution of task ``seed`` as ``Discrete(5)`` actions, ending with stop (4)."""
+        return solution_actions(self.variant, seed)
+
+    def demonstration(self, seed: int) -> list[str]:
+        """Assistant texts of the solver's episode on task ``seed`` in this env's output format
+        (same as ``self.make().demonstration(seed)``; see ``MazeEpisode.demonstration``)."""
+        return demonstration_texts(self.variant, self.mode, self.parser, seed)

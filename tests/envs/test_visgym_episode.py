@@ -1,0 +1,202 @@
+"""The policy-facing episode (rlkit.types.EpisodeEnv) and the EnvSpec (VisGymMaze)."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from envs.visgym import EVAL_SETS, MazeEpisode, VisGymMaze, generate_maze, solve_moves
+from envs.visgym.upstream import UPSTREAM_PACKAGE
+from rlkit.types import EpisodeEnv, StepOutput
+
+INFO_KEYS = {"parse_ok", "success", "agent", "goal", "distance", "bfs_distance", "feedback"}
+
+
+def _run(spec: VisGymMaze, seed: int, texts: list[str]) -> tuple[MazeEpisode, list[StepOutput]]:
+    env = spec.make()
+    obs = env.reset(seed)
+    assert len(obs.images) == 1 and isinstance(obs.images[0], Image.Image)
+    outs = []
+    for text in texts[: spec.max_turns]:
+        out = env.step(text)
+        outs.append(out)
+        json.dumps(out.info)  # JSON-serialisable
+        assert INFO_KEYS <= set(out.info)
+        if out.done:
+            break
+    return env, outs
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(mode="interactive", parser="tuple"),
+        dict(mode="interactive", parser="tuple_answer"),
+        dict(mode="interactive", parser="keyword"),
+        dict(mode="plan", parser="plan"),
+        dict(variant="hard", mode="interactive", parser="tuple", max_turns=34),
+        dict(variant="hard", mode="plan", parser="plan", max_turns=34),
+    ],
+)
+def test_solver_episode_succeeds(kwargs):
+    spec = VisGymMaze(**kwargs)
+    assert isinstance(spec.make(), EpisodeEnv)
+    for name in ("max_turns", "eval_set_name", "make", "eval_seeds", "is_eval_seed"):
+        assert hasattr(spec, name), name  # rlkit.types.EnvSpec (not runtime-checkable)
+    for seed in (0, 1, 63):
+        env, outs = _run(spec, seed, spec.make().demonstration(seed))
+        assert env.success() and outs[-1].done and outs[-1].reward == 1.0
+        assert outs[-1].observation is None
+        assert all(o.info["parse_ok"] for o in outs)
+        assert outs[-1].info["success"] and not any(o.info["success"] for o in outs[:-1])
+        assert len(outs) == (1 if spec.mode == "plan" else len(spec.solution(seed)))
+
+
+def test_all_easy_eval_mazes_solved_within_18_turns():
+    spec = VisGymMaze(mode="interactive", parser="tuple", max_turns=18)
+    within_15 = 0
+    for seed in spec.eval_seeds():
+        env, outs = _run(spec, seed, spec.demonstration(seed))
+        assert env.success(), f"seed {seed}"
+        within_15 += len(outs) <= 15
+    assert within_15 == 50
+
+
+def test_interactive_unparsable_is_a_noop_with_feedback():
+    spec = VisGymMaze(mode="interactive", parser="tuple")
+    env = spec.make()
+    first = env.reset(0)
+    assert "1/18" in first.text
+    assert "('move', d)" in env.system_prompt and "18 turns" in env.system_prompt
+    out = env.step("I think I should go somewhere")
+    assert not out.done and out.reward == 0.0
+    assert out.info["parse_ok"] is False and out.info["success"] is False
+    assert out.info["agent"] == [7, 1] and out.info["action"] is None
+    assert "Could not read" in out.info["feedback"] and "Could not read" in out.observation.text
+    assert "2/18" in out.observation.text
+    assert np.array_equal(np.asarray(out.observation.images[0]), np.asarray(first.images[0]))
+    out = env.step("('move', 3)")  # into the wall
+    assert out.info["parse_ok"] and out.info["agent"] == [7, 1] and "Wall" in out.observation.text
+    out = env.step("('move', 0)")
+    assert out.info["agent"] == [7, 2] and out.info["action"] == "move right"
+    assert out.observation.images[0].getpixel((2 * 25 + 12, 7 * 25 + 12)) == (0, 0, 255)
+    out = env.step("('stop', 'stop')")  # off the goal: ends, no success
+    assert out.done and out.reward == 0.0 and not env.success() and not out.info["success"]
+    with pytest.raises(RuntimeError, match="done"):
+        env.step("('move', 0)")
+
+
+def test_reaching_goal_without_stop_is_not_success():
+    spec = VisGymMaze(mode="interactive", parser="keyword")
+    env, outs = _run(spec, 0, spec.demonstration(0)[:-1])
+    assert not env.success() and not outs[-1].done and outs[-1].info["bfs_distance"] == 0
+    assert sum(o.reward for o in outs) == 0.0
+
+
+def test_plan_mode_variants():
+    spec = VisGymMaze(mode="plan", parser="plan", max_turns=18)
+    assert spec.max_turns == 1 and spec.action_budget == 18
+    env = spec.make()
+    assert "<answer>" in env.system_prompt and "18 steps" in env.system_prompt
+    env.reset(0)
+    out = env.step("no idea")
+    assert out.done and out.info["parse_ok"] is False and not env.success()
+    assert out.observation is None and "Could not read" in out.info["feedback"]
+    # a plan without stop: moves executed, no success
+    env.reset(0)
+    demo = spec.demonstration(0)[0]
+    out = env.step(demo.replace(" stop", ""))
+    assert out.info["parse_ok"] and out.info["bfs_distance"] == 0 and not env.success()
+    assert "without stop" in out.info["feedback"]
+    # a plan longer than the budget is cut
+    env.reset(0)
+    out = env.step("<answer>" + "left " * 30 + "stop</answer>")
+    assert out.info["actions_executed"] == 18 and out.info["plan_length"] == 31 and not env.success()
+    # a plan that stops early ends there
+    env.reset(0)
+    out = env.step("<answer>right stop up up</answer>")
+    assert out.info["actions_executed"] == 2 and out.info["agent"] == [7, 2] and not env.success()
+    # a budget too small for the solution
+    small = VisGymMaze(mode="plan", parser="plan", max_turns=5)
+    env, outs = _run(small, 0, small.demonstration(0))
+    assert not env.success() and outs[0].info["actions_executed"] == 5
+
+
+def test_step_before_reset_raises():
+    with pytest.raises(RuntimeError, match="reset"):
+        VisGymMaze().make().step("('move', 0)")
+
+
+def test_episodes_are_independent_and_deterministic():
+    spec = VisGymMaze(mode="interactive", parser="keyword")
+    a, b = spec.make(), spec.make()
+    oa, ob = a.reset(4), b.reset(4)
+    assert np.array_equal(np.asarray(oa.images[0]), np.asarray(ob.images[0]))
+    moved = None
+    for word in ("up", "down", "left", "right"):
+        out = a.step(f"<action>{word}</action>")
+        if out.info["agent"] != list(generate_maze(4, 9)[1]):
+            moved = out.info["agent"]
+            break
+    assert moved is not None
+    assert b.step("<action>nothing</action>").info["agent"] == list(generate_maze(4, 9)[1])
+    assert a.text().count("A") == 1 and b.text().count("G") == 1
+
+
+def test_demonstration_formats():
+    assert VisGymMaze(mode="interactive", parser="tuple").demonstration(0)[:2] == ["('move', 0)", "('move', 0)"]
+    assert VisGymMaze(mode="interactive", parser="tuple").demonstration(0)[-1] == "('stop', 'stop')"
+    assert VisGymMaze(mode="interactive", parser="keyword").demonstration(0)[-1] == "<action>stop</action>"
+    plan = VisGymMaze(mode="plan", parser="plan").demonstration(0)
+    assert plan == ["<answer>right right up up up up right right right right up up stop</answer>"]
+    spec = VisGymMaze(variant="hard", mode="interactive", parser="tuple")
+    maze_map, start, goal = generate_maze(7, 11)
+    assert len(spec.demonstration(7)) == len(solve_moves(maze_map, start, goal)) + 1
+
+
+def test_eval_sets_and_training_seeds():
+    easy, hard = VisGymMaze(variant="easy"), VisGymMaze(variant="hard")
+    assert easy.eval_set_name == "visgym_easy_64" and hard.eval_set_name == "visgym_hard_64"
+    assert easy.eval_seeds() == list(range(64)) == hard.eval_seeds()
+    assert easy.eval_set.version == 1 and EVAL_SETS["visgym_hard_64"].variant == "hard"
+    assert all(easy.is_eval_seed(s) for s in range(64))
+    assert not easy.is_eval_seed(64) and not easy.is_eval_seed(-1)
+    stream = list(itertools.islice(easy.train_seed_stream(0), 500))
+    assert stream == list(itertools.islice(easy.train_seed_stream(0), 500))
+    assert stream != list(itertools.islice(easy.train_seed_stream(1), 500))
+    assert not any(easy.is_eval_seed(s) for s in stream)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(cell_sise=25), TypeError, "cell_sise"),
+        (dict(variant="medium"), ValueError, "variant"),
+        (dict(mode="chat"), ValueError, "mode"),
+        (dict(mode="plan", parser="tuple"), ValueError, "does not fit"),
+        (dict(mode="interactive", parser="plan"), ValueError, "does not fit"),
+        (dict(parser="json"), ValueError, "does not fit"),
+        (dict(max_turns=0), ValueError, "max_turns"),
+        (dict(max_turns=2.5), ValueError, "max_turns"),
+        (dict(cell_size=3), ValueError, "cell_size"),
+        (dict(impl="visgym"), ValueError, "impl"),
+        (dict(impl="upstream", cell_size=10), ValueError, "cell_size"),
+    ],
+)
+def test_spec_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        VisGymMaze(**kwargs)
+
+
+def test_upstream_impl_without_the_fork_says_how_to_install():
+    try:
+        __import__(UPSTREAM_PACKAGE)
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the VisGym fork is installed here")
+    with pytest.raises(ImportError, match="pip install -e") as exc:
+        VisGymMaze(impl="upstream")
+    assert "impl=native" in str(exc.value) and "maze_2d/easy" in str(exc.value)

@@ -1,0 +1,109 @@
+"""Maze generation matches upstream VisGym maze_2d; the BFS solver and the eval-set budgets."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from envs.visgym import (
+    EVAL_SETS,
+    MOVE_DELTAS,
+    generate_maze,
+    path_to_moves,
+    render_text,
+    solve,
+    solve_moves,
+)
+
+SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
+
+
+@pytest.mark.parametrize("env_id", sorted(SIZES))
+def test_layouts_match_upstream_vectors(maze_vectors, env_id):
+    records = maze_vectors[env_id]
+    assert [r["seed"] for r in records] == list(range(8))
+    for r in records:
+        maze_map, start, goal = generate_maze(r["seed"], SIZES[env_id])
+        assert maze_map.shape == (SIZES[env_id],) * 2
+        assert maze_map.tolist() == r["maze_map"], f"{env_id} seed {r['seed']}: maze_map"
+        assert list(start) == r["agent"], f"{env_id} seed {r['seed']}: start"
+        assert list(goal) == r["target"], f"{env_id} seed {r['seed']}: goal"
+        moves = solve_moves(maze_map, start, goal)
+        assert len(moves) == r["shortest_moves"]
+        assert moves == r["moves"]  # perfect maze: the shortest path is unique
+
+
+@pytest.mark.parametrize("size", [9, 11])
+def test_maze_structure(size):
+    for seed in range(20):
+        maze_map, start, goal = generate_maze(seed, size)
+        assert maze_map.dtype.kind == "i"
+        assert set(np.unique(maze_map)) <= {0, 1}
+        border = np.concatenate([maze_map[0], maze_map[-1], maze_map[:, 0], maze_map[:, -1]])
+        assert border.all()
+        assert maze_map[start] == 0 and maze_map[goal] == 0
+        corners = {(1, 1), (size - 2, size - 2), (size - 2, 1), (1, size - 2)}
+        assert start in corners and goal in corners
+        # start and goal are opposite corners
+        assert abs(start[0] - goal[0]) == abs(start[1] - goal[1]) == size - 3
+        # a perfect maze on the inner grid: free cells form a tree (edges = nodes - 1)
+        free = list(zip(*np.nonzero(maze_map == 0)))
+        edges = sum(maze_map[r, c + 1] == 0 for r, c in free) + sum(maze_map[r + 1, c] == 0 for r, c in free)
+        assert edges == len(free) - 1
+    # deterministic
+    a, b = generate_maze(123, size), generate_maze(123, size)
+    assert np.array_equal(a[0], b[0]) and a[1:] == b[1:]
+
+
+@pytest.mark.parametrize("size", [0, 7, 10, 13, -9])
+def test_bad_size_raises(size):
+    with pytest.raises(ValueError, match="9 .*or 11"):
+        generate_maze(0, size)
+
+
+def test_solver_path_and_errors():
+    maze_map, start, goal = generate_maze(0, 9)
+    path = solve(maze_map, start, goal)
+    assert path[0] == start and path[-1] == goal
+    for a, b in zip(path, path[1:]):
+        assert maze_map[b] == 0 and (b[0] - a[0], b[1] - a[1]) in MOVE_DELTAS
+    assert path_to_moves(path) == solve_moves(maze_map, start, goal)
+    assert solve(maze_map, goal, goal) == [goal]
+    with pytest.raises(ValueError, match="wall"):
+        solve(maze_map, (0, 0), goal)
+    blocked = maze_map.copy()
+    blocked[goal] = 0
+    r, c = goal
+    blocked[r - 1 : r + 2, c - 1 : c + 2] = 1
+    blocked[goal] = 0
+    with pytest.raises(ValueError, match="not reachable"):
+        solve(blocked, start, goal)
+    with pytest.raises(ValueError, match="neighbours"):
+        path_to_moves([(1, 1), (3, 1)])
+
+
+def test_easy_eval_set_budgets():
+    """All 64 easy eval mazes are solvable within 18 turns (moves + stop); 50 within 15."""
+    eval_set = EVAL_SETS["visgym_easy_64"]
+    assert eval_set.seeds == tuple(range(64)) and eval_set.variant == "easy"
+    turns = [len(solve_moves(*generate_maze(s, 9))) + 1 for s in eval_set.seeds]
+    assert Counter(t - 1 for t in turns) == {12: 50, 16: 14}
+    assert sum(t <= 18 for t in turns) == 64
+    assert sum(t <= 15 for t in turns) == 50
+
+
+def test_hard_eval_set_budgets():
+    turns = [len(solve_moves(*generate_maze(s, 11))) + 1 for s in EVAL_SETS["visgym_hard_64"].seeds]
+    assert min(turns) == 17 and max(turns) == 33
+    assert sum(t <= 30 for t in turns) == 63  # the VisGym paper's 30-turn budget on hard
+
+
+def test_render_text():
+    maze_map, start, goal = generate_maze(0, 9)
+    text = render_text(maze_map, start, goal)
+    lines = text.splitlines()
+    assert len(lines) == 9 and all(len(line) == 9 for line in lines)
+    assert lines[start[0]][start[1]] == "A" and lines[goal[0]][goal[1]] == "G"
+    assert lines[0] == "#" * 9
+    assert text.count("#") == int(maze_map.sum())
+    assert render_text(maze_map, goal, goal).count("G") == 0  # agent drawn over the goal
