@@ -1,0 +1,31 @@
+"""Verifiable reward plug-ins: pure callables ``reward(episode) -> RewardOutput`` with a ``name``.
+
+    MazeExit          maze_exit        1.0 if the agent stopped on the goal (upstream success)
+    FormatReward      format           share of turns whose output parsed
+    WeightedSum       weighted         weighted sum of named rewards (e.g. 0.8 maze_exit + 0.2 format)
+    ShapedDistance    shaped_distance  success, else partial credit for BFS progress to the goal
+    safe_call / GuardedReward          errors naming the reward and episode seed, or counted zeros
+"""
+
+from rewards.generic import FormatReward, WeightedSum, builtin_rewards
+from rewards.guard import (
+    FailureCounter,
+    GuardedReward,
+    RewardError,
+    RewardTimeoutError,
+    safe_call,
+)
+from rewards.maze import MazeExit, ShapedDistance
+
+__all__ = [
+    "FailureCounter",
+    "FormatReward",
+    "GuardedReward",
+    "MazeExit",
+    "RewardError",
+    "RewardTimeoutError",
+    "ShapedDistance",
+    "WeightedSum",
+    "builtin_rewards",
+    "safe_call",
+]
