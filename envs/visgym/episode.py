@@ -11,8 +11,9 @@ a harness that keeps only the last k turns of history; the turn-0 user text is s
 
 Per-turn ``StepOutput.info`` (JSON-serialisable, plain ints/lists): ``parse_ok``, ``success``,
 ``agent``, ``goal``, ``distance`` (L1), ``bfs_distance`` (remaining shortest path, moves),
-``start_bfs_distance``, ``feedback``, ``action`` (what was executed, e.g. "move right", or None),
-``turn`` (1-based policy turn) and, in plan mode, ``plan_length`` and ``actions_executed``.
+``start_bfs_distance``, ``feedback``, ``action`` (what was executed: "move right" / "stop" in
+interactive mode, the executed route words in plan mode, None if unparsable), ``turn`` (1-based
+policy turn) and, in plan mode, ``plan_length`` and ``actions_executed``.
 An unparsable output is a no-op with reward 0, ``parse_ok`` False and a feedback saying why.
 """
 
