@@ -1,0 +1,69 @@
+"""Image-only Qwen3-VL processor and the one loader every policy uses.
+
+Why a subclass: ``Qwen3VLProcessor`` requires a video processor, and the Qwen-VL video processors
+import torchvision, which is not (and must not be) installed next to this torch build. rlkit's
+envs send images only, so the processor here is ``Qwen3VLProcessor`` without the video part, and
+the image processor is the PIL backend one (``Qwen2VLImageProcessorPil``, what Qwen3-VL checkpoints
+use through ``AutoImageProcessor``; the fast torchvision backend would resize slightly
+differently). The same loader is used for the tiny checkpoint and for Qwen/Qwen3-VL-*; sampling and
+training see identically processed pixels on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen3VLProcessor
+
+
+class Qwen3VLImageProcessor(Qwen3VLProcessor):
+    """``Qwen3VLProcessor`` without a video processor (images and text only).
+
+    Same ``__call__`` / ``apply_chat_template`` behaviour as upstream for images and text; passing
+    ``videos=`` raises ``ValueError``. Saves with ``save_pretrained`` as a standard processor
+    (preprocessor_config.json, tokenizer files, chat_template.jinja).
+    """
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    def __call__(self, images=None, text=None, videos=None, **kwargs):
+        if videos is not None:
+            raise ValueError("rlkit's Qwen3-VL processor handles images only (no video processor without torchvision)")
+        return super().__call__(images=images, text=text, videos=None, **kwargs)
+
+
+def load_processor(
+    path: str | os.PathLike,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    **hub_kwargs,
+) -> Qwen3VLImageProcessor:
+    """Load tokenizer + PIL image processor of a Qwen3-VL checkpoint into an image-only processor.
+
+    Args:
+        path: a local checkpoint directory or a Hub model id (resolved by ``from_pretrained``; with
+            HF_HUB_OFFLINE=1 only the local cache is read).
+        min_pixels, max_pixels: override the image processor's resize bounds (pixels; None keeps
+            the checkpoint's ``size.shortest_edge`` / ``size.longest_edge``).
+        hub_kwargs: passed to both ``from_pretrained`` calls (e.g. ``local_files_only``).
+
+    Returns:
+        Qwen3VLImageProcessor whose ``chat_template`` is the checkpoint's.
+
+    Raises:
+        OSError: files not found locally and not downloadable (the caller turns this into a
+            message naming the model and the fix).
+    """
+    tokenizer = AutoTokenizer.from_pretrained(path, **hub_kwargs)
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, **hub_kwargs)
+    if min_pixels is not None or max_pixels is not None:
+        size = dict(image_processor.size)
+        if min_pixels is not None:
+            size["shortest_edge"] = int(min_pixels)
+        if max_pixels is not None:
+            size["longest_edge"] = int(max_pixels)
+        if size["shortest_edge"] > size["longest_edge"]:
+            raise ValueError(f"image min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
+        image_processor.size = size
+    return Qwen3VLImageProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
