@@ -1,0 +1,128 @@
+"""Rollout engine: determinism, stopping, banned tokens, shared prefill, batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.policy import PromptInput, SamplingParams, TransformersEngine, make_engine
+from rlkit.policy.engine import sample_from_logits
+from rlkit.policy.logprobs import sequence_batch
+
+from .conftest import maze_image, perturb_lora
+
+
+@pytest.fixture
+def policy(make_policy):
+    p = make_policy()
+    perturb_lora(p.model, seed=0, scale=0.05)
+    return p
+
+
+def _prompts(policy, k):
+    out = []
+    for i in range(k):
+        tt = policy.chat.user_turn("Step " * (1 + 3 * i) + "which way?", [maze_image(i)], system="Solve." if i % 2 else None)
+        out.append(PromptInput(tt.input_ids, **policy.chat.concat_images(tt.image_inputs)))
+    return out
+
+
+def test_greedy_is_deterministic_and_batch_independent(policy):
+    eng = make_engine(policy)
+    prompts = _prompts(policy, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, n=2)
+    a = eng.generate(prompts, greedy)
+    b = eng.generate(prompts, greedy)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    assert all(g[0].token_ids == g[1].token_ids for g in a)  # n greedy samples coincide
+    alone = [eng.generate([p], greedy)[0][0] for p in prompts]  # no left padding
+    for g, c in zip(a, alone):
+        assert g[0].token_ids == c.token_ids
+        assert max(abs(x - y) for x, y in zip(g[0].logprobs, c.logprobs)) < 1e-4
+
+
+def test_seeded_sampling_reproducible(policy):
+    eng = make_engine(policy)
+    prompts = _prompts(policy, 2)
+    sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=6, n=4, seed=123)
+    a = eng.generate(prompts, sp)
+    b = eng.generate(prompts, sp)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    c = eng.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6, n=4, seed=124))
+    assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
+    assert len(a) == 2 and all(len(g) == 4 for g in a)
+
+
+def test_shared_prefill_matches_per_row_prefill(policy):
+    prompts = _prompts(policy, 2)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, n=3)
+    shared = TransformersEngine(policy, share_prefill=True).generate(prompts, greedy)
+    rows = TransformersEngine(policy, share_prefill=False).generate(prompts, greedy)
+    for gs, gr in zip(shared, rows):
+        for cs, cr in zip(gs, gr):
+            assert cs.token_ids == cr.token_ids
+            assert max(abs(x - y) for x, y in zip(cs.logprobs, cr.logprobs)) < 1e-4
+
+
+def test_stop_and_length_finish_reasons(policy):
+    chat = policy.chat
+    # Make <|im_end|> the only likely token after 2 steps: bias the output layer.
+    eng = make_engine(policy)
+    with torch.no_grad():
+        policy.hf_model.lm_head.weight[chat.im_end_id] += 50.0 * policy.hf_model.lm_head.weight[chat.im_end_id].sign()
+    outs = eng.generate(_prompts(policy, 2), SamplingParams(temperature=0.0, max_new_tokens=5, n=1))
+    stopped = [g[0] for g in outs if g[0].finish_reason == "stop"]
+    assert stopped, "expected at least one completion to stop on <|im_end|>"
+    for c in stopped:
+        assert c.token_ids[-1] == chat.im_end_id and chat.im_end_id not in c.token_ids[:-1]
+        assert c.text == chat.decode(c.token_ids) and "<|im_end|>" not in c.text
+        assert len(c.logprobs) == len(c.token_ids)
+    cut = make_engine(policy).generate(_prompts(policy, 1), SamplingParams(temperature=1.0, max_new_tokens=1, n=8, seed=0))
+    assert all(len(c.token_ids) == 1 for c in cut[0])
+    assert all(c.finish_reason == ("stop" if c.token_ids == [chat.im_end_id] else "length") for c in cut[0])
+
+
+def test_banned_tokens_never_sampled(policy):
+    """1,000 completions of random weights (every token has mass): no vision/pad/im_start token."""
+    eng = make_engine(policy, max_batch_rows=500)
+    banned = set(policy.banned_token_ids)
+    # Push mass onto banned ids so a missing mask would show up.
+    prompts = _prompts(policy, 2)
+    with torch.no_grad():
+        b = sequence_batch(policy.model, prompts[:1])
+        top = policy.model(**b.model_inputs()).logits[0, -1].argmax()
+        w = policy.hf_model.lm_head.weight
+        w[sorted(banned)] = 10.0 * w[top]  # banned logits = 10x the top logit
+        unmasked = torch.softmax(policy.model(**b.model_inputs()).logits[0, -1] / 1.5, -1)
+    # without the mask, the 1,000 first tokens alone would hold > 30 banned ids on average
+    assert unmasked[sorted(banned)].sum() > 0.03
+    outs = eng.generate(prompts, SamplingParams(temperature=1.5, max_new_tokens=3, n=500, seed=7))
+    seen = {t for g in outs for c in g for t in c.token_ids}
+    assert sum(len(g) for g in outs) == 1000
+    assert not seen & banned
+    assert len(seen) > 50  # it really sampled broadly
+
+
+def test_sample_from_logits_semantics():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]])
+    banned = torch.tensor([False, False, False, False, True])
+    sp = SamplingParams(temperature=0.5, top_k=2)
+    toks = [sample_from_logits(logits, banned, sp, g)[0].item() for _ in range(200)]
+    assert set(toks) <= {0, 1}  # top-2 among the unbanned
+    tok, lp = sample_from_logits(logits, banned, sp, g)
+    ref = torch.log_softmax(logits[0, :4] / 0.5, -1)[tok.item()]  # untruncated, tempered, banned-masked
+    assert abs(lp.item() - ref.item()) < 1e-6
+    greedy_tok, greedy_lp = sample_from_logits(logits, banned, SamplingParams(temperature=0.0), None)
+    assert greedy_tok.item() == 0 and abs(greedy_lp.item() - torch.log_softmax(logits[0, :4], -1)[0].item()) < 1e-6
+    p_tok = [sample_from_logits(logits, banned, SamplingParams(temperature=1.0, top_p=0.5), g)[0].item() for _ in range(50)]
+    assert set(p_tok) == {0}  # token 0 alone holds > 50% of the unbanned mass
+
+
+def test_bad_inputs_raise(policy):
+    eng = make_engine(policy)
+    tt = policy.chat.user_turn("x", [maze_image(0)])
+    with pytest.raises(ValueError, match="image_pad"):
+        eng.generate([PromptInput(tt.input_ids)], SamplingParams())  # images missing
+    with pytest.raises(ValueError, match="top_p"):
+        eng.generate([PromptInput(tt.input_ids)], SamplingParams(top_p=0.0))
