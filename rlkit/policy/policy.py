@@ -228,7 +228,7 @@ def _hub_error(name: str, ident: str, err: Exception) -> PolicyLoadError:
         f"policy {name}: cannot load checkpoint {ident!r} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
         f"Fix: set policy.path to a local checkpoint directory (e.g. a downloaded {ident} or a VisGym SFT "
         f"checkpoint), or pre-download it into the Hugging Face cache (HF_HOME) on a machine with network "
-        f"(`huggingface-cli download {ident}`) and run with HF_HUB_OFFLINE=1. Models of this size also need a "
+        f"(`hf download {ident}`) and run with HF_HUB_OFFLINE=1. Models of this size also need a "
         f"CUDA GPU; on a CPU machine use policy=tiny_vl."
     )
 
