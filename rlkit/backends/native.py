@@ -1,0 +1,391 @@
+"""The native backend: PyTorch + transformers + peft in this process (CPU, or one GPU).
+
+setup -> train -> cleanup, in the torchtune recipe shape. One GRPO step (DESIGN.md):
+sample B tasks -> rollout G episodes each -> reward -> group advantages -> update -> (weights are
+live in this process: the engine samples from the updated model, version = step) -> eval every
+``eval_interval`` -> atomic checkpoint every ``ckpt_interval`` -> metrics to the logger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rlkit import checkpoint as ckpt
+from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
+from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
+from rlkit.console import Progress
+from rlkit.evaluation import evaluate, write_outcomes
+from rlkit.loggers import MetricsFile
+from rlkit.rollout import rollout, rollout_stats
+from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
+from rlkit.tasks import TaskSampler
+from rlkit.update import grpo_update, make_scheduler
+
+log = logging.getLogger(__name__)
+
+# Keys whose change makes a checkpoint a different experiment: resuming across them is refused.
+EXPERIMENT_KEYS = ("env", "reward", "policy", "algorithm", "group_size", "tasks_per_step", "seed", "sft", "rollout")
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    run_id: str | None = None
+    wall_time_s: float = 0.0  # training wall time accumulated over resumed segments
+    eval_success_before: float | None = None
+
+
+class NativeBackend:
+    """conf/backend/native.yaml. No options yet: the loop reads the typed groups."""
+
+    def run(self, cfg: DictConfig) -> dict:
+        return NativeRun(cfg).execute()
+
+
+class NativeRun:
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.algo: AlgorithmConfig = to_dataclass(cfg.algorithm, AlgorithmConfig)
+        self.rollout_cfg: RolloutConfig = to_dataclass(cfg.rollout, RolloutConfig)
+        self.trainer: TrainerConfig = to_dataclass(cfg.trainer, TrainerConfig)
+        self.sft_cfg: SFTConfig = to_dataclass(cfg.sft, SFTConfig)
+        self.eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
+        self.out = Path(cfg.paths.output_dir)
+        self.ckpt_root = self.out / "checkpoints"
+        self.metrics_file = MetricsFile(self.out / "metrics.jsonl")
+        self.progress = Progress(quiet=self.trainer.quiet)
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        self._validate()
+        threads = self.trainer.num_threads or len(os.sched_getaffinity(0))
+        torch.set_num_threads(threads)
+        if self.trainer.deterministic:
+            torch.use_deterministic_algorithms(True)
+        _seed_everything(cfg.seed)
+        self.env_spec = instantiate_plugin(cfg.env, "env")
+        self.reward_fn = instantiate_plugin(cfg.reward, "reward")
+        from rlkit.policy import SamplingParams, load_policy, make_engine
+
+        base_path = self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled else None
+        self.policy = instantiate_plugin(cfg.policy, "policy", base_path=base_path, train_mode="lora")
+        self.engine = make_engine(self.policy)
+        self.sampling = SamplingParams(
+            temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
+            top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
+        )
+        self.greedy = SamplingParams(temperature=self.rollout_cfg.eval_temperature, top_p=1.0, top_k=0,
+                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(self.algo.adam_betas),
+                                           weight_decay=self.algo.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, self.algo, cfg.steps)
+        self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
+        self.state = RunState()
+        self._resume()
+        self.logger = instantiate_plugin(cfg.logger, "logger")
+        self.state.run_id = self.logger.start(
+            self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
+            resume_id=self.state.run_id,
+        )
+        seeds = self.env_spec.eval_seeds()
+        self.eval_seeds = seeds[: self.eval_cfg.num_tasks] if self.eval_cfg.num_tasks else seeds
+
+    def _validate(self) -> None:
+        cfg = self.cfg
+        for key in ("steps", "group_size", "tasks_per_step"):
+            if cfg[key] < (0 if key == "steps" else 1):
+                raise ConfigError(f"{key}={cfg[key]} must be >= {0 if key == 'steps' else 1}")
+        if self.trainer.resume_mode not in ("latest", "none", "from_path"):
+            raise ConfigError(f"trainer.resume_mode={self.trainer.resume_mode!r}: use latest, none or from_path")
+        if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
+            raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+
+    def _warm_start(self, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
+        """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing."""
+        from rlkit.sft import sft_cache_key, train_sft
+
+        cfg = self.cfg
+        key = sft_cache_key(cfg.sft, cfg.env, cfg.policy)
+        out_dir = Path(cfg.paths.cache_dir) / "sft" / key
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(out_dir.with_suffix(".lock")):
+            if (out_dir / "sft_summary.json").is_file():
+                summary = json.loads((out_dir / "sft_summary.json").read_text())
+                self.progress.say(f"SFT warm start: reusing {out_dir} (val success {summary['val_success']:.1%})")
+                return str(out_dir)
+            self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
+            base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
+            engine = make_engine(base)
+            greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
+                                    max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0)
+            summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
+                                progress=self.progress.sft)
+            self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "
+                              f"{summary['val_success']:.1%}, {summary['wall_time_s']:.0f}s")
+            del base, engine
+        return str(out_dir)
+
+    # ---------------------------------------------------------------- resume
+    def _resume(self) -> None:
+        mode = self.trainer.resume_mode
+        path: Path | None = None
+        if mode == "from_path":
+            path = Path(self.trainer.resume_path)
+            problem = ckpt.verify(path) if path.is_dir() else "it does not exist"
+            if problem:
+                raise ckpt.CheckpointError(f"trainer.resume_path={path} is not a usable checkpoint: {problem}")
+        elif mode == "latest":
+            path = ckpt.find_latest(self.ckpt_root)
+        elif mode == "none" and ckpt.complete_checkpoints(self.ckpt_root) and not self.trainer.overwrite:
+            raise ckpt.CheckpointError(
+                f"{self.ckpt_root} already holds checkpoints and trainer.resume_mode=none; "
+                f"use trainer.resume_mode=latest to continue, or trainer.overwrite=true to start over there"
+            )
+        if path is None:
+            self.progress.say("starting fresh (no checkpoint to resume from)")
+            return
+        self._check_same_experiment(path)
+        self.policy.load_adapter(path / "adapter")
+        trainer_state = torch.load(path / "optimizer.pt", weights_only=True)
+        self.optimizer.load_state_dict(trainer_state["optimizer"])
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        meta = json.loads((path / "trainer_state.json").read_text())
+        self.sampler.load_state_dict(meta["sampler"])
+        self.state = RunState(step=meta["step"], run_id=meta.get("run_id"), wall_time_s=meta.get("wall_time_s", 0.0),
+                              eval_success_before=meta.get("eval_success_before"))
+        random.setstate(_tuplify(meta["python_rng"]))
+        np.random.set_state(_tuplify(meta["numpy_rng"]))
+        rng = torch.load(path / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        self.shuffle_gen.set_state(rng["shuffle"])
+        self.metrics_file.truncate_after(self.state.step)
+        self.progress.say(f"resuming from {path} at step {self.state.step}")
+
+    def _check_same_experiment(self, path: Path) -> None:
+        old = OmegaConf.load(path / "config.yaml")
+
+        def plain(v: Any) -> Any:
+            return OmegaConf.to_container(v, resolve=False) if OmegaConf.is_config(v) else v
+
+        changed = [k for k in EXPERIMENT_KEYS if plain(old.get(k)) != plain(self.cfg.get(k))]
+        if changed:
+            raise ckpt.CheckpointError(
+                f"cannot resume from {path}: these keys change the experiment: {', '.join(sorted(changed))}. "
+                f"Restore them, or start a new run (another hydra.run.dir, or trainer.resume_mode=none "
+                f"trainer.overwrite=true)."
+            )
+
+    def _save(self, step: int) -> None:
+        cfg_yaml = OmegaConf.to_yaml(self.cfg, resolve=False)
+
+        def contents(d: Path) -> None:
+            self.policy.save_adapter(d / "adapter")
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                       d / "optimizer.pt")
+            torch.save({"torch": torch.get_rng_state(), "shuffle": self.shuffle_gen.get_state()}, d / "rng.pt")
+            meta = {"step": step, "sampler": self.sampler.state_dict(), "run_id": self.state.run_id,
+                    "wall_time_s": self.state.wall_time_s, "eval_success_before": self.state.eval_success_before,
+                    "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state())}
+            (d / "trainer_state.json").write_text(json.dumps(meta, default=_json_default))
+            (d / "config.yaml").write_text(cfg_yaml)
+
+        ckpt.save(self.ckpt_root, step, contents, max_to_keep=self.trainer.max_ckpts_to_keep)
+
+    # ---------------------------------------------------------------- train
+    def _eval(self, step: int, tag: str) -> dict[str, float]:
+        t0 = time.time()
+        metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds,
+                                            self.greedy, policy_version=step)
+        metrics["timing/eval"] = time.time() - t0
+        write_outcomes(self.out / "eval" / f"{tag}.json", self.env_spec.eval_set_name, step, metrics, per_task)
+        rows = [[t.episode.seed, t.episode.success, len(t.episode.turns), " | ".join(x.action_text for x in t.episode.turns)]
+                for t in trajs[:8]]
+        self.logger.log_table("eval/samples", ["seed", "success", "turns", "outputs"], rows, step)
+        return metrics
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, timing = self.cfg, {}
+        t0 = time.time()
+        seeds = self.sampler.sample(cfg.tasks_per_step)
+        trajs = rollout(self.env_spec, self.policy, self.engine, seeds, cfg.group_size, self.sampling,
+                        policy_version=step)
+        timing["timing/rollout"] = time.time() - t0
+        t1 = time.time()
+        rewards_out = [self.reward_fn(t.episode) for t in trajs]
+        rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
+        timing["timing/reward"] = time.time() - t1
+        advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
+        t2 = time.time()
+        update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
+                             temperature=max(self.rollout_cfg.temperature, 1e-6) if self.rollout_cfg.temperature > 0 else 1.0,
+                             generator=self.shuffle_gen)
+        self.scheduler.step()
+        timing["timing/train"] = time.time() - t2
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "reward/success_rate": sum(t.episode.success for t in trajs) / len(trajs),
+            "reward/zero_variance_groups": float(zero_variance_groups(rewards, cfg.group_size).float().mean()),
+            **_component_means(rewards_out),
+            **rollout_stats(trajs),
+            **update,
+            **timing,
+            "timing/step": time.time() - t0,
+        }
+        return metrics
+
+    def execute(self) -> dict:
+        cfg = self.cfg
+        t_setup = time.time()
+        self.setup()
+        self.progress.say(f"setup {time.time() - t_setup:.0f}s; {cfg.steps} GRPO steps of {cfg.tasks_per_step} tasks "
+                          f"x {cfg.group_size} samples; eval on {len(self.eval_seeds)} tasks of "
+                          f"{self.env_spec.eval_set_name}")
+        status = "completed"
+        try:
+            if self.state.step == 0 and self.trainer.eval_before_train:
+                m = self._eval(0, "step_000000")
+                self.state.eval_success_before = m["eval/success_rate"]
+                self._log(m, 0)
+                self.progress.say(f"eval before training: {m['eval/success_rate']:.1%} of {len(self.eval_seeds)}")
+            seg_start = time.time()
+            base_wall = self.state.wall_time_s
+            for step in range(self.state.step + 1, cfg.steps + 1):
+                metrics = self.train_step(step)
+                self.state.step = step
+                self.state.wall_time_s = base_wall + (time.time() - seg_start)
+                if self.trainer.eval_interval and step % self.trainer.eval_interval == 0 and step != cfg.steps:
+                    metrics.update(self._eval(step, f"step_{step:06d}"))
+                metrics["trainer/step"] = step
+                metrics["trainer/wall_time_s"] = self.state.wall_time_s
+                self._log(metrics, step)
+                self.progress.step(step, cfg.steps, metrics)
+                if self.trainer.ckpt_interval and step % self.trainer.ckpt_interval == 0 and step != cfg.steps:
+                    self._save(step)
+            final = self._eval(self.state.step, "final")
+            self._log(final, self.state.step)
+            self._save(self.state.step)
+            adapter_dir = self.out / "adapter"
+            self.policy.save_adapter(adapter_dir)
+            self.logger.log_artifact(adapter_dir, name=f"adapter-{self.state.run_id or 'run'}", kind="lora_adapter")
+        finally:
+            self.logger.finish() if hasattr(self, "logger") else None
+        result = {
+            "status": status,
+            "eval_set": self.env_spec.eval_set_name,
+            "eval_num_tasks": len(self.eval_seeds),
+            "eval_success_before": self.state.eval_success_before,
+            "eval_success_after": final["eval/success_rate"],
+            "steps_completed": self.state.step,
+            "wall_time_s": round(self.state.wall_time_s, 2),
+            "adapter_dir": str(adapter_dir),
+            "output_dir": str(self.out),
+            "max_turns": self.env_spec.max_turns,
+            "overrides": _run_name(),
+            "wandb_run_id": self.state.run_id,
+            "host": platform.node(),
+        }
+        (self.out / "result.json").write_text(json.dumps(result, indent=2))
+        before = "-" if result["eval_success_before"] is None else f"{result['eval_success_before']:.1%}"
+        self.progress.say(f"eval success on {result['eval_set']} ({result['eval_num_tasks']} tasks): "
+                          f"{before} -> {result['eval_success_after']:.1%} after {result['steps_completed']} steps; "
+                          f"adapter: {adapter_dir}")
+        return result
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self.metrics_file.write(metrics, step)
+        self.logger.log(metrics, step)
+
+
+def _component_means(outs: list[Any]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for o in outs:
+        for k, v in o.components.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    return {f"reward/{k}": v / max(len(outs), 1) for k, v in sums.items()}
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _run_name() -> str:
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:
+        return "run"
+    return ",".join(overrides) or "default"
+
+
+def _sweep_group() -> str | None:
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return None
+    if str(hc.mode) == "RunMode.MULTIRUN":
+        return "sweep-" + Path(hc.sweep.dir).name
+    return None
+
+
+def _listify(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (tuple, list)):
+        return [_listify(v) for v in x]
+    return x
+
+
+def _tuplify(x: Any) -> Any:
+    if isinstance(x, list):
+        return tuple(_tuplify(v) for v in x)
+    return x
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(o)}")
+
+
+class _file_lock:
+    """Exclusive advisory lock (fcntl.flock) so concurrent jobs build a shared cache entry once."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __enter__(self) -> "_file_lock":
+        import fcntl
+
+        self.fh = open(self.path, "w")
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import fcntl
+
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()

@@ -1,0 +1,148 @@
+"""Supervised warm start: the analogue of the VisGym SFT checkpoint GRPO starts from.
+
+Solver demonstrations come from the env (``EnvSpec.make().demonstration(seed)``: the assistant texts
+of a solved episode, in the env's own output format) on training seeds only; evaluation seeds are
+never used. Each demonstration is replayed through the env to get the observations, and encoded
+with the policy's chat format exactly as a rollout would be; the loss is the cross-entropy on the
+assistant tokens only (loss mask 1), i.e. the mean negative logprob of the demonstrated tokens.
+
+Training stops when the greedy success on ``val_tasks`` held-out training seeds reaches
+``target_success`` (checked every ``eval_every`` steps) or after ``max_steps``. The model is then
+saved as a full HF checkpoint (save_pretrained) under a folder named by a hash of everything that
+determines it, so a second run (or the second job of a sweep) reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from rlkit.config import SFTConfig
+from rlkit.evaluation import evaluate
+from rlkit.rollout import Trajectory
+from rlkit.tasks import TaskSampler
+from rlkit.types import Episode, EnvSpec
+
+log = logging.getLogger(__name__)
+
+
+def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
+    """A short hash of the configs that determine the warm-start checkpoint."""
+    blob = json.dumps(
+        {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+         for k, v in {"sft": sft_cfg, "env": env_cfg, "policy": policy_cfg}.items()},
+        sort_keys=True, default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Trajectory | None:
+    """Replay the env's solver demonstration for ``seed`` and encode it as a token trajectory.
+
+    Returns None when the demonstration does not solve the task within the env's budget (e.g. a
+    training maze whose shortest path is longer than the step budget): such tasks are skipped.
+    """
+    chat, tok = policy.chat, policy.tokenizer
+    env = env_spec.make()
+    texts = env.demonstration(seed)
+    obs = env.reset(seed)
+    ids: list[int] = []
+    mask: list[int] = []
+    images: list[Any] = []
+    tt = chat.user_turn(obs.text, obs.images, system=env.system_prompt, first=True)
+    for turn, text in enumerate(texts):
+        ids += tt.input_ids
+        mask += [0] * len(tt.input_ids)
+        images += tt.image_inputs
+        completion = chat.completion_ids(text)  # text tokens + <|im_end|>
+        ids += completion
+        mask += [1] * len(completion)
+        end = chat.turn_end_ids("stop")
+        ids += end
+        mask += [0] * len(end)
+        out = env.step(text)
+        if out.done or out.observation is None or turn + 1 >= env_spec.max_turns:
+            break
+        tt = chat.user_turn(out.observation.text, out.observation.images, system=None, first=False)
+    record = Episode(seed=seed, turns=[], terminated=True, truncated=False, success=bool(env.success()))
+    if not record.success:
+        return None
+    return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
+
+
+def train_sft(
+    env_spec: EnvSpec,
+    policy: Any,
+    engine: Any,
+    cfg: SFTConfig,
+    greedy: Any,
+    out_dir: Path,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Train the full policy weights on demonstrations; save to ``out_dir`` atomically.
+
+    Returns: a summary dict (steps, val_success, wall_time_s, num_demos), also written to
+    ``out_dir/sft_summary.json``.
+    Raises: RuntimeError if the demonstrations do not solve their tasks.
+    """
+    t0 = time.time()
+    gen = torch.Generator().manual_seed(cfg.seed)
+    sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
+    val_seeds = sampler.sample(cfg.val_tasks)
+    train_seeds = sampler.sample(cfg.num_demos)
+    demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in train_seeds) if d is not None]
+    if not demos:
+        raise RuntimeError(
+            f"none of the {len(train_seeds)} demonstrations solves its task within the env's budget; "
+            f"raise env.max_turns or check the env's demonstration()"
+        )
+    log.info("sft: %d of %d demonstrations fit the budget", len(demos), len(train_seeds))
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    val_success, step, history = 0.0, 0, []
+    order: list[int] = []
+    while step < cfg.max_steps:
+        if len(order) < cfg.batch_size:
+            order += torch.randperm(len(demos), generator=gen).tolist()
+        batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        logprobs, _ = policy.logprobs(batch, temperature=1.0)  # [n, T]
+        mask = torch.zeros_like(logprobs)
+        for i, t in enumerate(batch):
+            mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+        loss.backward()
+        loss = loss.detach()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        if progress is not None:
+            progress(step, cfg.max_steps, loss.item(), val_success)
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            metrics, _, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
+            val_success = metrics["eval/success_rate"]
+            history.append({"step": step, "loss": float(loss), "val_success": val_success})
+            log.info("sft step %d loss %.4f val success %.3f", step, float(loss), val_success)
+            if val_success >= cfg.target_success:
+                break
+    summary = {"steps": step, "val_success": val_success, "num_demos": len(demos), "num_tasks_drawn": len(train_seeds),
+               "wall_time_s": time.time() - t0, "history": history}
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    return summary

@@ -1,0 +1,137 @@
+"""The GRPO policy update over one step's trajectories (mini-batches, micro-batches, accumulation).
+
+For each of ``update_epochs`` passes, the N sequences are shuffled and split into mini-batches of
+``mini_batch_size`` sequences; each mini-batch is one optimizer step, its gradient accumulated over
+micro-batches of ``micro_batch_size`` sequences. Micro-batch losses are weighted so the accumulated
+gradient equals the gradient of the mini-batch loss under the configured reduction (token_mean:
+by the micro-batch's share of policy tokens; sequence reductions: by its share of sequences).
+
+"Old" logprobs are the sampling logprobs recorded by the rollout engine: on-policy, they equal the
+training logprobs of the pre-update weights (checked by tests/policy), so no extra forward pass is
+spent on them. With LoRA the reference policy is the same model with the adapter disabled, computed
+only when ``kl_coef > 0``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rlkit.algorithms import grpo
+from rlkit.config import AlgorithmConfig
+from rlkit.rollout import Trajectory, to_tensor
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over ``cfg.warmup_steps`` GRPO steps, then constant or cosine to 0 at ``total_steps``.
+
+    Raises: ValueError on an unknown ``cfg.lr_schedule``.
+    """
+    if cfg.lr_schedule not in ("constant", "cosine"):
+        raise ValueError(f"algorithm.lr_schedule={cfg.lr_schedule!r}: use constant or cosine")
+    warm = max(cfg.warmup_steps, 0)
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if cfg.lr_schedule == "cosine":
+            progress = (step - warm) / max(total_steps - warm, 1)
+            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def grpo_update(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    trajectories: list[Trajectory],
+    advantages: torch.Tensor,
+    cfg: AlgorithmConfig,
+    temperature: float,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """Run the GRPO update on one step's batch; return policy/* metrics (means over optimizer steps).
+
+    Args:
+        policy: the Policy (``model``, ``logprobs(seqs, temperature) -> (logprobs [n, T], entropy [n, T])``,
+            ``reference()`` context manager disabling the adapter).
+        trajectories: N trajectories. advantages: [N] float32 (one per sequence).
+        cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
+        generator: seeds the mini-batch shuffle.
+    """
+    keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
+    if cfg.filter_zero_variance_groups:
+        keep = [i for i in keep if float(advantages[i]) != 0.0]
+    if not keep:
+        return {"policy/skipped": 1.0}
+    mini = cfg.mini_batch_size or len(keep)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    sums: dict[str, float] = {}
+    n_opt = 0
+    for _ in range(cfg.update_epochs):
+        order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
+        for start in range(0, len(order), mini):
+            batch = order[start : start + mini]
+            stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stats["policy/grad_norm"] = float(grad_norm)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_opt += 1
+    out = {k: v / n_opt for k, v in sums.items()}
+    out["policy/optimizer_steps"] = float(n_opt)
+    out["policy/lr"] = optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tensor, batch: list[int],
+                    cfg: AlgorithmConfig, temperature: float) -> dict[str, float]:
+    """Accumulate gradients of one mini-batch over micro-batches; return its diagnostics."""
+    token_level = cfg.loss_reduction == "token_mean"
+    total_tokens = sum(trajs[i].num_policy_tokens for i in batch)
+    total_seqs = len(batch)
+    diag_sums: dict[str, float] = {}
+    micro = max(cfg.micro_batch_size, 1)
+    for start in range(0, len(batch), micro):
+        idx = batch[start : start + micro]
+        seqs = [trajs[i] for i in idx]
+        mask = to_tensor([t.loss_mask for t in seqs], torch.float32)  # [n, T]
+        old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32)  # [n, T]
+        adv = advantages[idx].float()  # [n]
+        logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
+        loss, diag = grpo.policy_loss(
+            logprobs, old, adv, mask,
+            eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
+            clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
+        )
+        ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
+        total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), policy.reference():
+                ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature)
+            kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
+            total = total + cfg.kl_coef * kl
+            diag["kl"] = kl.detach()
+        weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (len(idx) / total_seqs)
+        (total * weight).backward()
+        diag["loss"] = total.detach()
+        diag["pg_loss"] = loss.detach()
+        diag["entropy"] = ent.detach()
+        for k, v in diag.items():
+            if k.endswith("_max"):
+                diag_sums[k] = max(diag_sums.get(k, float("-inf")), float(v))
+            else:
+                diag_sums[k] = diag_sums.get(k, 0.0) + float(v) * weight
+    return {
+        ("policy/clip_ratio" if k == "clip_fraction" else f"policy/{k}"): v for k, v in diag_sums.items()
+    }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs rlkit and everything its tests need into .venv, from nothing but Python 3.11.
+# torch is pinned to the CPU wheel 2.13.0 first so no dependency pulls a CUDA build.
+# Never installs torchvision/torchaudio/torchcodec: they break transformers' Qwen-VL import here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python - <<'PYEOF'
+import importlib.util, sys
+bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
+if bad:
+    sys.exit(f"setup: {bad} installed in .venv; they break transformers' Qwen-VL imports with torch 2.13.0 - uninstall them")
+import torch, transformers, peft
+print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__})")
+PYEOF

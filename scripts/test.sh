@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command (README, CI): the default suite, CPU only, under 15 minutes on 2 cores.
+# Long tests are marked slow (run them with: scripts/test.sh -m slow).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || bash scripts/setup.sh
+export WANDB_MODE=offline WANDB_SILENT=true
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,128 @@
+"""Rollout trajectories, the GRPO update and the SFT encoding on a tiny real policy."""
+
+import copy
+
+import pytest
+import torch
+
+from rlkit.config import AlgorithmConfig
+from rlkit.policy import SamplingParams, make_engine
+from rlkit.rollout import rollout, rollout_stats, to_tensor
+from rlkit.sft import demonstration_trajectory
+from rlkit.update import grpo_update
+
+SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+
+
+def test_multi_turn_trajectory_layout(policy, interactive_env):
+    engine = make_engine(policy)
+    trajs = rollout(interactive_env, policy, engine, seeds=[100, 101], group_size=2, sampling=SAMPLE, policy_version=7)
+    assert len(trajs) == 4 and [t.group for t in trajs] == [0, 0, 1, 1]
+    chat = policy.chat
+    for t in trajs:
+        assert len(t.input_ids) == len(t.loss_mask) == len(t.sampling_logprobs)
+        assert t.policy_version == 7
+        n_turns = len(t.episode.turns)
+        assert 1 <= n_turns <= 3  # the harness budget
+        # one image per user turn (interactive mode shows the new maze every turn)
+        assert len(t.image_inputs) == n_turns
+        assert t.input_ids.count(chat.image_pad_id) == 81 * n_turns
+        # policy tokens: never an image token; their logprobs are set, the others are 0
+        for tok, m, lp in zip(t.input_ids, t.loss_mask, t.sampling_logprobs):
+            if m:
+                assert tok not in policy.banned_token_ids and lp <= 0.0
+            else:
+                assert lp == 0.0
+        # each policy span decodes to the recorded action text
+        spans, cur = [], []
+        for tok, m in zip(t.input_ids, t.loss_mask):
+            if m:
+                cur.append(tok)
+            elif cur:
+                spans.append(cur)
+                cur = []
+        assert len(spans) == n_turns
+        assert [chat.decode(s) for s in spans] == [turn.action_text for turn in t.episode.turns]
+    # groups share the first prompt
+    first_user = trajs[0].loss_mask.index(1)
+    assert trajs[0].input_ids[:first_user] == trajs[1].input_ids[:first_user]
+    stats = rollout_stats(trajs)
+    assert stats["env/mean_turns"] == sum(len(t.episode.turns) for t in trajs) / 4
+
+
+def test_sampling_logprobs_match_training_logprobs(policy, interactive_env):
+    engine = make_engine(policy)
+    trajs = rollout(interactive_env, policy, engine, seeds=[5], group_size=3, sampling=SAMPLE, policy_version=0)
+    with torch.no_grad():
+        lp, _ = policy.logprobs(trajs, temperature=1.0)
+    mask = to_tensor([t.loss_mask for t in trajs], torch.float32)
+    old = to_tensor([t.sampling_logprobs for t in trajs], torch.float32)
+    assert float(((lp - old).abs() * mask).max()) <= 1e-4
+
+
+def _batch(policy, env, seeds=(11, 12), g=4):
+    engine = make_engine(policy)
+    trajs = rollout(env, policy, engine, seeds=list(seeds), group_size=g, sampling=SAMPLE, policy_version=0)
+    adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(trajs))])
+    return trajs, adv
+
+
+def _seq_logprob(policy, trajs):
+    with torch.no_grad():
+        lp, _ = policy.logprobs(trajs, temperature=1.0)
+    mask = to_tensor([t.loss_mask for t in trajs], torch.float32)
+    return (lp * mask).sum(1)
+
+
+def test_grpo_step_moves_logprobs_with_advantage_sign(policy, plan_env):
+    trajs, adv = _batch(policy, plan_env)
+    before = _seq_logprob(policy, trajs)
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    cfg = AlgorithmConfig(micro_batch_size=4, max_grad_norm=100.0)
+    metrics = grpo_update(policy, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    after = _seq_logprob(policy, trajs)
+    delta = after - before
+    assert bool((delta[adv > 0] > 0).all()), delta
+    assert bool((delta[adv < 0] < 0).all()), delta
+    assert metrics["policy/optimizer_steps"] == 1.0
+    # on-policy first pass: ratio 1 everywhere, nothing clipped, approx_kl 0
+    assert metrics["policy/clip_ratio"] == 0.0 and abs(metrics["policy/approx_kl"]) < 1e-6
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_micro_batch_accumulation_equals_one_batch(policy, plan_env, reduction):
+    trajs, adv = _batch(policy, plan_env)
+    grads = []
+    for micro in (len(trajs), 1, 3):
+        p = copy.deepcopy(policy.model)
+        shadow = copy.copy(policy)
+        shadow.model = p
+        opt = torch.optim.SGD([q for q in p.parameters() if q.requires_grad], lr=0.0)
+        cfg = AlgorithmConfig(micro_batch_size=micro, loss_reduction=reduction, max_grad_norm=1e9)
+        # lr 0: the step changes nothing; capture the accumulated gradient before zero_grad
+        captured = {}
+        orig_step = opt.step
+
+        def step(*a, captured=captured, p=p):
+            captured["g"] = torch.cat([q.grad.flatten() for q in p.parameters() if q.requires_grad])
+            return orig_step(*a)
+
+        opt.step = step
+        grpo_update(shadow, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(0))
+        grads.append(captured["g"])
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)
+
+
+def test_sft_demonstration_encoding(policy, interactive_env, plan_env):
+    chat = policy.chat
+    for env in (plan_env, interactive_env):
+        t = demonstration_trajectory(env, policy, seed=0)
+        texts = env.demonstration(0)
+        if env.max_turns < len(texts):
+            assert t is None
+            continue
+        assert t is not None and t.episode.success
+        policy_ids = [tok for tok, m in zip(t.input_ids, t.loss_mask) if m]
+        expected = [tok for text in texts for tok in chat.completion_ids(text)]
+        assert policy_ids == expected

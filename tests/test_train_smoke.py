@@ -1,0 +1,66 @@
+"""The main job end to end: train.py in a subprocess with the smoke experiment, single run and sweep."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, tmp_path, timeout=900):
+    env = dict(os.environ)
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", RLKIT_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(ROOT))
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"train.py failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
+    out = tmp_path / "run"
+    proc = _run(["experiment=smoke", f"hydra.run.dir={out}"], tmp_path)
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "completed"
+    assert result["steps_completed"] == 2
+    assert result["eval_set"] == "visgym_easy_64"
+    assert result["eval_num_tasks"] == 4
+    for key in ("eval_success_before", "eval_success_after"):
+        assert 0.0 <= result[key] <= 1.0
+    assert result["wall_time_s"] > 0
+    adapter = Path(result["adapter_dir"])
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    # metrics: one line per step + evals, with the namespaced keys
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [ln for ln in lines if "reward/mean" in ln]
+    assert [ln["step"] for ln in steps] == [1, 2]
+    for key in ("policy/loss", "policy/clip_ratio", "policy/approx_kl", "policy/grad_norm", "policy/lr",
+                "generate/mean_tokens", "env/parse_failures", "env/mean_turns", "timing/rollout", "timing/train"):
+        assert key in steps[0], key
+    assert any("eval/success_rate" in ln for ln in lines)
+    eval_final = json.loads((out / "eval" / "final.json").read_text())
+    assert len(eval_final["tasks"]) == 4 and {t["seed"] for t in eval_final["tasks"]} == {0, 1, 2, 3}
+    # W&B offline run files
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "expected one offline W&B run with its .wandb file"
+    assert "eval success on visgym_easy_64" in proc.stdout
+    # checkpoint written and verified; a second invocation in the same folder resumes at the end
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    proc2 = _run(["experiment=smoke", f"hydra.run.dir={out}"], tmp_path)
+    assert "resuming from" in proc2.stdout
+    assert json.loads((out / "result.json").read_text())["steps_completed"] == 2
+
+
+def test_smoke_sweep_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _run(["experiment=smoke", "logger=console", "-m", "lr=1e-5,3e-5", f"hydra.sweep.dir={sweep}"], tmp_path)
+    rows = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [r["overrides"] for r in rows] == ["lr=1e-5", "lr=3e-5"]
+    assert all(r["status"] == "completed" and r["steps"] == 2 for r in rows)
+    assert (sweep / "sweep_summary.csv").read_text().count("\n") == 3
+    assert "lr=3e-5" in proc.stdout
