@@ -27,6 +27,7 @@ rejects fields a structural schema does not declare, but a JSON Schema only reje
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -372,13 +373,29 @@ def load_crd_schema(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ManifestError(f"CRD schema not found: {path}. Pass --schemas DIR holding {RAYCLUSTER_SCHEMA} and "
                             f"{RAYJOB_SCHEMA}, or a CRD from `kubectl get crd rayclusters.ray.io -o json`.")
-    data = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    try:
+        data = json.loads(text)  # PyYAML would take seconds on these 150-220 KB files
+    except json.JSONDecodeError:
+        data = yaml.safe_load(text)
     if isinstance(data, dict) and "openAPIV3Schema" in data:
         return data["openAPIV3Schema"]
     try:
         return data["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     except (KeyError, IndexError, TypeError):
         raise ManifestError(f"{path} holds no openAPIV3Schema (neither rlkit's form nor a CRD).") from None
+
+
+def _strict_crd(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return load_crd_schema(path)  # raises the "not found" error
+    st = path.stat()
+    return _strict_crd_cached(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _strict_crd_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    return strict_schema(load_crd_schema(Path(path)))
 
 
 def default_schema_dir(repo_root: Path) -> Path:
@@ -404,10 +421,10 @@ def problems(docs: dict[str, dict[str, Any]], schema_dir: Path) -> list[str]:
     schemas = {
         "PersistentVolume": PV_SCHEMA,
         "PersistentVolumeClaim": PVC_SCHEMA,
-        "RayCluster": strict_schema(load_crd_schema(schema_dir / RAYCLUSTER_SCHEMA)),
+        "RayCluster": _strict_crd(schema_dir / RAYCLUSTER_SCHEMA),
     }
     if any(d.get("kind") == "RayJob" for d in docs.values()):
-        schemas["RayJob"] = strict_schema(load_crd_schema(schema_dir / RAYJOB_SCHEMA))
+        schemas["RayJob"] = _strict_crd(schema_dir / RAYJOB_SCHEMA)
     out: list[str] = []
     for fname, doc in docs.items():
         schema = schemas.get(doc.get("kind"))

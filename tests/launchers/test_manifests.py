@@ -1,0 +1,142 @@
+"""HyperPod manifests (launchers/manifests.py, scripts/hyperpod_cluster.py) validated offline against the
+KubeRay v1 CRD schemas in ../shared/k8s, found relative to the repo."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from launchers.manifests import (
+    ENDPOINT_ANNOTATION, FSX_CSI_DRIVER, ManifestError, default_schema_dir, load_config, load_crd_schema, problems,
+    render, strict_schema, validate,
+)
+
+REQUIRED = ["image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rlkit:0.1",
+            "fsx.file_system_id=fs-0123456789abcdef0",
+            "fsx.dns_name=fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com", "fsx.mount_name=abcdefgh"]
+
+
+@pytest.fixture(scope="module")
+def schemas(repo_root):
+    d = default_schema_dir(repo_root)
+    assert (d / "kuberay_v1_rayclusters_schema.json").is_file(), f"KubeRay CRD schemas expected in {d}"
+    return d
+
+
+def test_default_manifests_validate_and_hold_the_cluster_shape(schemas):
+    docs = render(load_config(REQUIRED + ["namespace=team-a", "rayjob.enabled=true",
+                                          "secret_env.WANDB_API_KEY=wandb/api-key"]))
+    validate(docs, schemas)
+    assert list(docs) == ["fsx-pv.yaml", "fsx-pvc.yaml", "raycluster.yaml", "rayjob.yaml"]
+    pv, pvc, rc = docs["fsx-pv.yaml"], docs["fsx-pvc.yaml"], docs["raycluster.yaml"]
+    assert pv["spec"]["csi"]["driver"] == FSX_CSI_DRIVER
+    assert pv["spec"]["csi"]["volumeHandle"] == "fs-0123456789abcdef0"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    assert rc["metadata"]["annotations"][ENDPOINT_ANNOTATION] == "true"
+    head = rc["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    assert head["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "ml.r5d.16xlarge"
+    (workers,) = rc["spec"]["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 3
+    wpod = workers["template"]["spec"]
+    assert wpod["nodeSelector"]["node.kubernetes.io/instance-type"] == "ml.g7e.12xlarge"
+    res = wpod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == 2
+    for pod in (head["template"]["spec"], wpod):
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["shared"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+        assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts == {"/shared", "/dev/shm"}
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+    job = docs["rayjob.yaml"]
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "rlkit"}
+    assert "python train.py" in job["spec"]["entrypoint"]
+    own = render(load_config(REQUIRED + ["rayjob.enabled=true", "rayjob.own_cluster=true"]))
+    validate(own, schemas)
+    assert own["rayjob.yaml"]["spec"]["shutdownAfterJobFinishes"] is True
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["raycluster.yaml"]["spec"].__setitem__(
+        "workerGroupSpec", d["raycluster.yaml"]["spec"].pop("workerGroupSpecs")), "'workerGroupSpec' was unexpected"),
+    (lambda d: d["raycluster.yaml"]["spec"]["headGroupSpec"].__setitem__(
+        "rayStartParam", d["raycluster.yaml"]["spec"]["headGroupSpec"].pop("rayStartParams")),
+     "'rayStartParam' was unexpected"),
+    (lambda d: d["raycluster.yaml"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].__setitem__(
+        "volumeMount", []), "'volumeMount' was unexpected"),
+    (lambda d: d["raycluster.yaml"]["metadata"].__setitem__("annotation", {}), "'annotation' was unexpected"),
+    (lambda d: d["raycluster.yaml"]["spec"]["workerGroupSpecs"][0].__setitem__("replicas", "3"), "is not of type"),
+    (lambda d: d["fsx-pvc.yaml"]["spec"].__setitem__("accesModes", ["ReadWriteMany"]), "'accesModes' was unexpected"),
+    (lambda d: d["fsx-pv.yaml"]["spec"]["csi"].pop("volumeHandle"), "'volumeHandle' is a required property"),
+    (lambda d: d["fsx-pvc.yaml"]["spec"].__setitem__("volumeName", "other-pv"), "is not the PV"),
+    (lambda d: d["raycluster.yaml"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+     ["resources"]["requests"].__setitem__("nvidia.com/gpu", 1), "requests must equal limits"),
+])
+def test_typos_and_inconsistencies_fail_validation(schemas, mutate, expected):
+    docs = render(load_config(REQUIRED))
+    mutate(docs)
+    errors = problems(docs, schemas)
+    assert any(expected in e for e in errors), errors
+    with pytest.raises(ManifestError):
+        validate(docs, schemas)
+
+
+def test_strict_schema_keeps_open_maps_open(schemas):
+    raw = load_crd_schema(schemas / "kuberay_v1_rayclusters_schema.json")
+    strict = strict_schema(raw)
+    spec = strict["properties"]["spec"]
+    assert spec["additionalProperties"] is False
+    assert "additionalProperties" not in raw["properties"]["spec"]  # the input is not modified
+    rsp = spec["properties"]["headGroupSpec"]["properties"]["rayStartParams"]
+    assert rsp["additionalProperties"] == {"type": "string"}  # any ray start flag is allowed
+
+
+def test_crd_in_kubectl_form_loads(schemas, tmp_path):
+    wrapped = json.loads((schemas / "kuberay_v1_rayclusters_schema.json").read_text())
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": wrapped["openAPIV3Schema"]}}]}}
+    (tmp_path / "kuberay_v1_rayclusters_schema.json").write_text(json.dumps(crd))  # kubectl get crd -o json
+    validate(render(load_config(REQUIRED)), tmp_path)
+    with pytest.raises(ManifestError, match="CRD schema not found"):
+        validate(render(load_config(REQUIRED)), tmp_path / "missing")
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ManifestError, match="image"):
+        load_config(REQUIRED[1:])
+    with pytest.raises(ManifestError, match="workr"):
+        load_config(REQUIRED + ["workr.replicas=2"])
+    with pytest.raises(ManifestError, match="secret name"):
+        render(load_config(REQUIRED + ["secret_env.WANDB_API_KEY=no-key"]))
+
+
+def test_script_writes_valid_manifests(repo_root, tmp_path):
+    script = repo_root / "scripts" / "hyperpod_cluster.py"
+    out = tmp_path / "k8s"
+    proc = subprocess.run([sys.executable, str(script), *REQUIRED, "worker.replicas=2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "kubectl apply -f" in proc.stdout
+    rc = yaml.safe_load((out / "raycluster.yaml").read_text())
+    assert rc["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
+    validate(docs, default_schema_dir(repo_root))  # what was written validates, not just what was rendered
+    bad = subprocess.run([sys.executable, str(script), *REQUIRED[:1]], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "fsx.file_system_id" in bad.stderr
+    multi = subprocess.run([sys.executable, str(script), *REQUIRED], capture_output=True, text=True, timeout=120)
+    assert [d["kind"] for d in yaml.safe_load_all(multi.stdout)] == \
+        ["PersistentVolume", "PersistentVolumeClaim", "RayCluster"]
+
+
+def test_rendered_docs_are_independent_copies():
+    conf = load_config(REQUIRED)
+    a, b = render(conf), render(copy.deepcopy(conf))
+    a["raycluster.yaml"]["metadata"]["labels"]["x"] = "y"
+    assert "x" not in b["raycluster.yaml"]["metadata"]["labels"]

@@ -1,0 +1,229 @@
+"""Unit tests of launchers/ray_jobs.py without a cluster: entrypoint quoting, result parsing,
+settings, and the runner's loop (concurrency, pending timeout, re-authentication, outages) against
+a scripted fake of ``JobSubmissionClient``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from launchers.ray_jobs import (
+    RESULT_MARKER, JobSpec, LauncherError, RayJobsRunner, Settings, build_entrypoint, check_address,
+    job_env_vars, log_tail, result_from_logs, runtime_env_for,
+)
+
+
+def test_entrypoint_passes_overrides_unchanged_through_sh():
+    overrides = ["lr=1e-5", "tag='a b'", "x=${oc.env:HOME}", "+extra=[1,2]", "name=it's"]
+    cmd = build_entrypoint("/venv/bin/python", "train.py", overrides, "/shared/rlkit/multirun/d t/0", 3, "id-3",
+                           cd="/repo dir")
+    parts = shlex.split(cmd)  # what /bin/sh hands the programs
+    assert parts[:3] == ["cd", "/repo dir", "&&"]
+    argv = parts[3:parts.index("&&", 3)]
+    assert argv[:2] == ["/venv/bin/python", "train.py"]
+    assert argv[2:7] == overrides
+    assert argv[7] == "hydra.run.dir='/shared/rlkit/multirun/d t/0'"  # Hydra-quoted: the path has a space
+    assert argv[8:] == ["hydra.job.num=3", "hydra.job.id=id-3"]
+    assert RESULT_MARKER not in cmd  # Ray logs the command; only the echo may print the marker
+    plain = build_entrypoint("python", "train.py", [], "/shared/x/0", 0, "i")
+    assert "hydra.run.dir=/shared/x/0 " in plain and not plain.startswith("cd ")
+
+
+def test_result_from_logs_ignores_the_logged_command():
+    cmd = build_entrypoint("python", "train.py", ["x=1"], "/d/0", 0, "i")
+    result = {"status": "completed", "eval_success_after": 0.5}
+    logs = (f"Running entrypoint for job i: {cmd}\nstep 1\n{RESULT_MARKER}\n{json.dumps(result, indent=2)}\n"
+            f"Running entrypoint for job i: {cmd}\n")  # Ray may flush its header last
+    assert result_from_logs(logs) == result
+    assert result_from_logs("no marker\n") is None
+    assert result_from_logs(f"{RESULT_MARKER}\nnot json\n") is None
+    assert log_tail(f"a\nb\nc\n{RESULT_MARKER}\n{{}}\n", 2) == "b\nc"
+
+
+def test_check_address():
+    assert check_address("127.0.0.1:8265") == "http://127.0.0.1:8265"
+    assert check_address("https://h:443/") == "https://h:443"
+    assert check_address(None) is None
+    with pytest.raises(LauncherError, match="Ray Client address"):
+        check_address("ray://h:10001")
+    with pytest.raises(LauncherError, match="module named 'no_such_scheme'"):
+        check_address("no_such_scheme://x")
+
+
+def test_settings_locality_modes_and_env(tmp_path):
+    assert Settings(address="http://127.0.0.1:8265").is_local()
+    assert Settings(address="http://localhost:1").is_local()
+    assert not Settings(address="http://10.0.0.5:8265").is_local()
+    assert not Settings(address="sagemaker_ray://c/ns").is_local()
+    assert Settings(address="http://10.0.0.5:8265", local_cluster=True).is_local()
+
+    s = Settings(address="http://10.0.0.5:8265", excludes=[".venv/"], runtime_env={"pip": ["x"]},
+                 env_vars={"A": "1"}, pass_env=["SECRET", "UNSET"])
+    env = job_env_vars(s, {"SECRET": "v", "OTHER": "o"})
+    assert env == {"A": "1", "SECRET": "v"}
+    renv = runtime_env_for(s, tmp_path, env)
+    assert renv == {"pip": ["x"], "working_dir": str(tmp_path), "excludes": [".venv/"], "env_vars": env}
+    local = Settings(address="http://127.0.0.1:8265")
+    assert "working_dir" not in runtime_env_for(local, tmp_path, {})
+    uri = Settings(working_dir="s3://bucket/code.zip")
+    assert runtime_env_for(uri, tmp_path, {})["working_dir"] == "s3://bucket/code.zip"
+    for bad in (Settings(working_dir="copy"), Settings(max_concurrent_jobs=0),
+                Settings(runtime_env={"env_vars": {}}), Settings(poll_interval_s=0)):
+        with pytest.raises(LauncherError):
+            bad.validate()
+
+
+# ------------------------------------------------------------------------------------------------
+# the runner against a scripted fake client
+
+
+@dataclass
+class Info:
+    status: str
+    message: str = ""
+    driver_exit_code: int | None = None
+
+
+class FakeClient:
+    """Jobs run for ``run_polls`` polls after submission; ``script`` overrides per submission id."""
+
+    def __init__(self, world: "World") -> None:
+        self.w = world
+
+    def submit_job(self, **kw):
+        w = self.w
+        w.calls.append("submit")
+        if w.auth_fail_next:
+            w.auth_fail_next -= 1
+            raise RuntimeError("Request failed with status code 401: session expired.")
+        sid = kw["submission_id"]
+        w.jobs[sid] = {"polls": 0, "kw": kw}
+        w.max_active = max(w.max_active, sum(1 for j in w.jobs.values() if not j.get("done")))
+        return sid
+
+    def get_job_info(self, sid):
+        w = self.w
+        if w.down_for:
+            w.down_for -= 1
+            raise ConnectionError("connection refused")
+        j = w.jobs[sid]
+        j["polls"] += 1
+        if sid in w.pending:
+            return Info("PENDING", "Job has not started yet. It may be waiting for resources")
+        if j["polls"] < w.run_polls:
+            return Info("RUNNING")
+        j["done"] = True
+        return Info(w.final.get(sid, "SUCCEEDED"), "Job entrypoint command failed with exit code 1, last "
+                    "available logs (truncated to 20,000 chars):\nboom", 0 if w.final.get(sid) is None else 1)
+
+    def get_job_logs(self, sid):
+        j = self.w.jobs[sid]
+        text = "".join(f"line {i}\n" for i in range(j["polls"]))
+        if j.get("done") and self.w.final.get(sid) is None:
+            text += f"{RESULT_MARKER}\n" + json.dumps({"status": "completed", "job": sid}) + "\n"
+        return text
+
+    def stop_job(self, sid):
+        self.w.calls.append(f"stop {sid}")
+        return True
+
+
+@dataclass
+class World:
+    run_polls: int = 3
+    pending: tuple = ()
+    final: dict = None
+    auth_fail_next: int = 0
+    down_for: int = 0
+
+    def __post_init__(self):
+        self.final = self.final or {}
+        self.jobs: dict = {}
+        self.calls: list = []
+        self.max_active = 0
+        self.connects = 0
+
+    def factory(self):
+        self.connects += 1
+        return FakeClient(self)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def _specs(tmp_path: Path, n: int) -> list[JobSpec]:
+    return [JobSpec(num=i, overrides=[f"x={i}"], job_dir=str(tmp_path / "cluster" / str(i)),
+                    local_dir=tmp_path / "local" / str(i), entrypoint="true", runtime_env={},
+                    submission_id=f"sid-{i}", metadata={}) for i in range(n)]
+
+
+def _runner(world, clock, lines, **kw) -> RayJobsRunner:
+    s = Settings(poll_interval_s=1.0, **kw)
+    return RayJobsRunner(s, world.factory, echo=lines.append, clock=clock, sleep=clock.sleep)
+
+
+def test_runner_bounds_concurrency_streams_logs_and_collects_results(tmp_path):
+    world, clock, lines = World(final={"sid-2": "FAILED"}), Clock(), []
+    outcomes = _runner(world, clock, lines, max_concurrent_jobs=2).run(_specs(tmp_path, 3))
+    assert world.max_active == 2
+    assert [o.ok for o in outcomes] == [True, True, False]
+    assert outcomes[0].result == {"status": "completed", "job": "sid-0"}
+    assert json.loads((tmp_path / "local" / "0" / "result.json").read_text())["job"] == "sid-0"
+    err = outcomes[2].error
+    assert "sid-2" in err and "FAILED: Job entrypoint command failed with exit code 1" in err
+    assert "truncated to 20,000" not in err and "line 2" in err  # our tail, not Ray's copy
+    assert "[job 0] line 0" in lines and "[job 0] SUCCEEDED" in lines
+    assert not any(RESULT_MARKER in ln or "sid-0\"}" in ln for ln in lines)  # result block not echoed
+    assert lines.index("[job 0] line 2") < lines.index("[job 0] SUCCEEDED")
+    rec = json.loads((tmp_path / "local" / "2" / "ray_job.json").read_text())
+    assert rec["status"] == "FAILED" and rec["submission_id"] == "sid-2"
+
+
+def test_runner_pending_timeout_stops_the_job(tmp_path):
+    world, clock, lines = World(pending=("sid-0",)), Clock(), []
+    runner = _runner(world, clock, lines, pending_timeout_s=5, entrypoint_num_gpus=8)
+    (o,) = runner.run(_specs(tmp_path, 1))
+    assert not o.ok and o.status == "PENDING_TIMEOUT"
+    assert "stayed PENDING for 6 s" in o.error and "entrypoint_num_gpus=8" in o.error
+    assert "stop sid-0" in world.calls
+
+
+def test_runner_reconnects_when_the_session_expires(tmp_path):
+    world, clock, lines = World(auth_fail_next=1), Clock(), []
+    (o,) = _runner(world, clock, lines).run(_specs(tmp_path, 1))
+    assert o.ok and world.connects == 2 and world.calls.count("submit") == 2
+
+
+def test_runner_rides_out_a_short_outage_and_gives_up_on_a_long_one(tmp_path):
+    world, clock, lines = World(down_for=3), Clock(), []
+    (o,) = _runner(world, clock, lines, unreachable_timeout_s=60).run(_specs(tmp_path, 1))
+    assert o.ok
+    world, clock = World(down_for=10_000), Clock()
+    with pytest.raises(LauncherError, match="unreachable for .* keep running on the cluster"):
+        _runner(world, clock, lines, unreachable_timeout_s=30).run(_specs(tmp_path, 1))
+
+
+def test_runner_marks_a_refused_submission_failed(tmp_path):
+    world, clock, lines = World(), Clock(), []
+
+    def refusing():
+        c = FakeClient(world)
+        c.submit_job = lambda **kw: (_ for _ in ()).throw(RuntimeError("Request failed with status code 500: "
+                                                                       "package too large"))
+        return c
+
+    runner = RayJobsRunner(Settings(poll_interval_s=1), refusing, echo=lines.append, clock=clock, sleep=clock.sleep)
+    (o,) = runner.run(_specs(tmp_path, 1))
+    assert not o.ok and o.status == "NOT_SUBMITTED" and "package too large" in o.error
