@@ -135,6 +135,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("algorithm.mini_batch_size=12", "algorithm.mini_batch_size"),
         ("tasks_per_step=5", "tasks_per_step*group_size"),
         ("backend.tensor_parallel_size=5", "backend.tensor_parallel_size"),
+        ("policy.lora.target_modules=.*_proj", "policy.lora.target_modules"),
     ],
 )
 def test_unsupported_option_is_a_clear_error(override, key):
@@ -182,7 +183,7 @@ def test_intervals_and_lora_lists():
     _, job = _job(["trainer.eval_interval=0", "trainer.ckpt_interval=0", "policy.lora.target_modules=[q_proj,v_proj]"])
     t = job.config["trainer"]
     assert (t["eval_interval"], t["ckpt_interval"], t["hf_save_interval"]) == (160, 160, 160)
-    assert t["policy"]["model"]["lora"]["target_modules"] == r"(?:.*\.)?(?:q_proj|v_proj)"
+    assert t["policy"]["model"]["lora"]["target_modules"] == ["q_proj", "v_proj"]
     assert t["policy"]["model"]["lora"]["exclude_modules"] is None
 
 
@@ -264,3 +265,30 @@ def test_wandb_without_api_key_is_refused_before_launch(monkeypatch):
     backend = SkyRLBackend()
     with pytest.raises(ConfigError, match="WANDB_API_KEY"):
         backend._preflight(job, cfg)
+
+
+def test_lora_targets_adapt_what_rlkit_adapts(tmp_path):
+    """SkyRL builds its LoRA with peft (target_modules, exclude_modules) on the HF model; on a tiny
+    Qwen3-VL that must adapt exactly the modules rlkit's own "all-linear" adapts (language model only)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from rlkit.backends.skyrl.compile import _lora_targets
+    from rlkit.policy.lora import LoraSettings, resolve_target_modules
+    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
+
+    ckpt = build_tiny_policy(tmp_path / "tiny", TinyVLSizes(text_layers=1, vision_depth=1, deepstack_indexes=[0]))
+
+    def adapted(model, **lora_kwargs):
+        peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, **lora_kwargs))
+        return {n.removesuffix(".lora_A.default.weight").split("base_model.model.", 1)[1]
+                for n, _ in peft_model.named_parameters() if n.endswith("lora_A.default.weight")}
+
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(ckpt)
+    ours = adapted(model, target_modules=resolve_target_modules(model, LoraSettings(rank=4, alpha=8)))
+    targets, exclude = _lora_targets("all-linear", include_vision=False)
+    theirs = adapted(AutoModelForImageTextToText.from_pretrained(ckpt), target_modules=targets,
+                     exclude_modules=exclude)
+    assert ours == theirs and ours and all(".language_model." in f".{n}" for n in ours)

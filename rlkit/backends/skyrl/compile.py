@@ -494,6 +494,12 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
     lo = pc.lora
     if lo.enabled and float(lo.alpha) != int(lo.alpha):
         problems.append(f"policy.lora.alpha={lo.alpha}: SkyRL's lora.alpha is an integer")
+    if isinstance(lo.target_modules, str) and lo.target_modules != "all-linear":
+        problems.append(
+            f"policy.lora.target_modules={lo.target_modules!r} (a regex): SkyRL {SKYRL_VERSION} writes "
+            "list(target_modules) into the adapter_config.json it syncs to vLLM, which splits a string into "
+            "characters; use all-linear or a list of module names"
+        )
     targets, exclude = _lora_targets(lo.target_modules, lo.include_vision)
     return {
         "path": pc.path,
@@ -513,21 +519,20 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
 VISION_EXCLUDE_REGEX = r"(?:.*\.)?visual\..*"
 
 
-def _lora_targets(target_modules: Any, include_vision: bool) -> tuple[str, str | None]:
-    """rlkit's LoRA targets as SkyRL's (peft) ``target_modules`` string and ``exclude_modules``.
+def _lora_targets(target_modules: Any, include_vision: bool) -> tuple[Any, str | None]:
+    """rlkit's LoRA targets as SkyRL's (peft) ``target_modules`` and ``exclude_modules``.
 
     "all-linear" in rlkit means the language model's linears (not the vision tower unless
     include_vision, never lm_head); peft's "all-linear" also takes the vision tower, so it is
-    excluded by regex. A list of names becomes the equivalent full-match regex (peft matches a
-    list entry as the whole name or a ``.name`` suffix). A string other than "all-linear" is a
-    regex already and passes through.
+    excluded with a regex (peft full-matches a string ``exclude_modules`` against module names;
+    the adapter SkyRL syncs to vLLM then holds language-model weights only). A list of module
+    names passes through as a list (peft matches each as the whole name or a ``.name`` suffix, as
+    rlkit does); SkyRL's field is typed ``str`` but its FSDP code takes ``list(target_modules)``.
     """
     if isinstance(target_modules, str):
-        if target_modules == "all-linear":
-            return "all-linear", (None if include_vision else VISION_EXCLUDE_REGEX)
-        return target_modules, None
-    names = "|".join(re.escape(str(n)) for n in target_modules)
-    return rf"(?:.*\.)?(?:{names})", None
+        exclude = None if (include_vision or target_modules != "all-linear") else VISION_EXCLUDE_REGEX
+        return target_modules, exclude
+    return [str(n) for n in target_modules], None
 
 
 def _logger(cfg: DictConfig, settings: SkyRLSettings,
@@ -578,7 +583,7 @@ def job_overrides(cfg: DictConfig | None = None) -> list[str]:
         if cfg is not None:
             overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
     skip = ("backend.dry_run", "+backend.dry_run", "backend.run_name", "backend.run_dir")
-    return [o for o in overrides if not o.split("=", 1)[0] in skip]
+    return [o for o in overrides if o.split("=", 1)[0] not in skip]
 
 
 def sweep_group() -> str | None:
