@@ -12,7 +12,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from rlkit.backends.skyrl import REWARDED_ENV_ID, SkyRLBackend, SkyRLConfigError, compile_job
+from rlkit.backends.skyrl import REWARDED_ENV_ID, SkyRLBackend, SkyRLConfigError
 from rlkit.backends.skyrl.compile import VISION_EXCLUDE_REGEX
 from rlkit.backends.skyrl.data import dataset_rows, write_datasets
 from rlkit.backends.skyrl.settings import SkyRLSettings
@@ -292,3 +292,37 @@ def test_lora_targets_adapt_what_rlkit_adapts(tmp_path):
     theirs = adapted(AutoModelForImageTextToText.from_pretrained(ckpt), target_modules=targets,
                      exclude_modules=exclude)
     assert ours == theirs and ours and all(".language_model." in f".{n}" for n in ours)
+
+
+def test_train_py_dry_run_end_to_end(tmp_path):
+    """`python train.py experiment=hyperpod_visgym backend.dry_run=true`: a real Hydra job that compiles,
+    writes skyrl_config.yaml / skyrl_command.sh into its folder and starts nothing."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), WANDB_MODE="offline")
+    out = tmp_path / "job"
+    proc = subprocess.run([sys.executable, str(root / "train.py"), *SCENARIO, "backend.dry_run=true",
+                           f"hydra.run.dir={out}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    command = (out / "skyrl_command.sh").read_text()
+    # the run folder is named after the job's overrides, without backend.dry_run
+    assert "trainer.ckpt_path=/shared/skyrl/rlkit/experiment_hyperpod_visgym/ckpts" in command
+    assert "python -m rlkit.backends.skyrl.entrypoint" in proc.stdout
+
+
+def test_real_run_without_gpu_stack_stops_with_the_install_hint(tmp_path):
+    """backend=skyrl without dry_run on a CPU machine: datasets are written, then the launch names the fix."""
+    if sys.version_info >= (3, 12):
+        pytest.skip("the guard's Python-version branch is what this CPU test checks")
+    from rlkit.backends.skyrl.entrypoint import SkyRLUnavailableError
+
+    cfg = compose_cfg([*SCENARIO, "logger=console", "steps=1", f"backend.run_dir={tmp_path}/run",
+                       f"paths.output_dir={tmp_path}/out"])
+    with pytest.raises(SkyRLUnavailableError, match=r"pip install 'rlkit\[skyrl\]'"):
+        _backend(cfg).run(cfg)
+    assert (tmp_path / "run" / "data" / "eval.jsonl").is_file()
+    assert (tmp_path / "out" / "skyrl_command.sh").is_file()
