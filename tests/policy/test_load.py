@@ -43,7 +43,12 @@ def offline(monkeypatch, tmp_path):
 def test_all_policy_configs_have_exactly_load_policy_keys():
     import inspect
 
+    from dataclasses import fields
+
+    from rlkit.policy import PolicyConfig
+
     params = set(inspect.signature(load_policy).parameters) - {"base_path", "train_mode"}
+    assert params == {f.name for f in fields(PolicyConfig)}
     for f in CONF.glob("*.yaml"):
         node = OmegaConf.load(f)
         assert node._target_ == "rlkit.policy.load_policy"
