@@ -15,7 +15,9 @@ the engine sampled, so training sees exactly the sampled tokens. Token layout of
     user_turn(first=False):            <|im_start|>user\\nIMG...IMG TEXT<|im_end|>\\n<|im_start|>assistant\\n
     ...
 
-Images come before the text in a user message (rlkit.types.Observation). For one turn the ids
+Images come before the text in a user message (rlkit.types.Observation). When the checkpoint's
+template strips surrounding whitespace of message texts (Qwen3-VL's does), so does this format
+(``strip_text``, detected by ``check_template`` at load). For one turn the ids
 equal ``processor.apply_chat_template(messages, add_generation_prompt=True)`` followed by the
 processor's placeholder expansion (tests/policy/test_chat.py checks this).
 """
@@ -133,6 +135,7 @@ class ChatFormat:
         self.vision_start_id = _id(VISION_START)
         self.vision_end_id = _id(VISION_END)
         self.newline_ids = self._encode("\n")
+        self.strip_text = False  # set by check_template when the checkpoint's template strips contents
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -153,6 +156,8 @@ class ChatFormat:
         """The turn as a string with one ``<|image_pad|>`` per image (unexpanded), see module doc."""
         if system is not None and not first:
             raise ValueError("a system message can only open the conversation (first=True)")
+        if self.strip_text:
+            text, system = text.strip(), (system.strip() if system else system)
         head = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
         imgs = f"{VISION_START}{IMAGE_PAD}{VISION_END}" * num_images
         return f"{head}{IM_START}user\n{imgs}{text}{IM_END}\n{IM_START}assistant\n"
@@ -224,6 +229,44 @@ class ChatFormat:
         ids = {self.image_pad_id, self.video_pad_id, self.vision_start_id, self.vision_end_id, self.im_start_id, self.pad_id}
         ids.update(range(len(self.tokenizer), vocab_size))
         return sorted(i for i in ids if i < vocab_size)
+
+    def check_template(self, chat_template: str | None) -> None:
+        """Check that this token layout is the checkpoint's chat template (called at policy load).
+
+        Renders a 2-turn conversation (system, user with an image, assistant reply, user with an
+        image, generation prompt) with ``chat_template`` and compares it with the layout above.
+
+        Raises:
+            ValueError: the template renders differently (e.g. a thinking template that inserts
+                ``<think>`` blocks); training would then see a format the model was not tuned on.
+        """
+        if not chat_template:
+            return
+
+        def render(s: str, t1: str, t2: str) -> str:
+            msgs = [
+                {"role": "system", "content": s},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t1}]},
+                {"role": "assistant", "content": "A"},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t2}]},
+            ]
+            return self.tokenizer.apply_chat_template(
+                msgs, chat_template=chat_template, tokenize=False, add_generation_prompt=True
+            )
+
+        # Qwen3-VL's own template strips surrounding whitespace of message contents; follow it.
+        self.strip_text = render(" S\n", " T1\n", "T2") == render("S", "T1", "T2")
+        ref = render("S", "T1", "T2")
+        ours = (
+            self.render_user_turn("T1", 1, system="S", first=True)
+            + f"A{IM_END}\n"
+            + self.render_user_turn("T2", 1, first=False)
+        )
+        if ref != ours:
+            raise ValueError(
+                "the checkpoint's chat template renders a conversation differently from rlkit's token layout "
+                f"(rlkit.policy.chat):\n template: {ref!r}\n rlkit:    {ours!r}"
+            )
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of sampled ids without the final ``<|im_end|>`` (what the env parses)."""

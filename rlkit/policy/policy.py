@@ -155,6 +155,7 @@ class Policy:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.chat = ChatFormat(processor.tokenizer, processor.image_processor)
+        self.chat.check_template(processor.chat_template)
         self.checkpoint = checkpoint
         self.vocab_size = int(unwrap_model(model).get_output_embeddings().weight.shape[0])
         self.banned_token_ids = self.chat.banned_token_ids(self.vocab_size)
@@ -329,7 +330,10 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
     try:
         processor = load_processor(ckpt, min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels)
         model = AutoModelForImageTextToText.from_pretrained(
-            ckpt, dtype=dtype, attn_implementation=config.attn_implementation
+            ckpt,
+            dtype=dtype,
+            attn_implementation=config.attn_implementation,
+            device_map={"": str(device)} if device.type == "cuda" else None,
         )
     except OSError as err:
         raise _hub_error(config.name, ckpt, err) from err

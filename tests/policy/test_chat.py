@@ -88,3 +88,20 @@ def test_banned_ids_cover_vision_and_padding_rows(policy):
         assert i in banned
     assert chat.im_end_id not in banned
     assert set(range(len(policy.tokenizer), len(policy.tokenizer) + 3)) <= banned
+
+
+def test_check_template_detects_layout_and_stripping(policy):
+    from rlkit.policy.tokenizer import CHAT_TEMPLATE
+
+    chat = policy.chat
+    chat.check_template(CHAT_TEMPLATE)
+    assert chat.strip_text is False
+    thinking = CHAT_TEMPLATE.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+    with pytest.raises(ValueError, match="differently"):
+        chat.check_template(thinking)
+    stripping = CHAT_TEMPLATE.replace("{{- item['text'] -}}", "{{- item['text'] | trim -}}").replace(
+        "{{- message['content'] -}}", "{{- message['content'] | trim -}}"
+    )
+    chat.check_template(stripping)
+    assert chat.strip_text is True
+    assert chat.user_turn("  go \n", []).input_ids == chat.user_turn("go", []).input_ids
