@@ -244,8 +244,8 @@ def compute_logprobs(
         logprobs [N, T] float32: at t >= 1, log p(input_ids[t] | input_ids[:t]) of the tempered,
         banned-masked distribution; 0 at t = 0, on padding, and where the token itself is banned
         (image placeholders and other prompt-only tokens, which the loss mask excludes anyway).
-        entropy [N, T] float32 (nats) of the same distribution at the same positions (0 where
-        logprobs is 0 by the rule above except banned tokens, which get the true entropy), or None.
+        entropy [N, T] float32 (nats) of the same distribution at the same positions (0 at t = 0
+        and on padding; at a banned target it is still the distribution's entropy), or None.
         Gradients flow when autograd is enabled.
 
     Follows: the sampling-logprob convention of rlkit.policy.engine (see module doc); the
