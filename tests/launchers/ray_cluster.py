@@ -3,7 +3,8 @@
 The cluster runs under its own ``--temp-dir`` with free ports for every fixed-port service, so it
 does not collide with other Ray clusters on the machine. It is stopped by process id: the
 ``ray start --block`` leader gets SIGTERM (Ray's shutdown hook then stops its raylet, GCS and
-dashboard), and any process whose command line still names this cluster's temp dir is killed.
+dashboard), any process whose command line still names this cluster's temp dir is killed, and the
+temp dir is removed.
 ``ray stop --force`` is deliberately not used: it kills every Ray process of the machine, including
 clusters other people started.
 """
@@ -11,6 +12,7 @@ clusters other people started.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,6 +71,7 @@ class LocalRayCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)  # session logs; job logs are in the sweep folders
 
 
 def pids_naming(needle: str) -> list[int]:
