@@ -11,9 +11,12 @@ training see identically processed pixels on every machine.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen3VLProcessor
+from transformers.image_utils import SizeDict
 
 
 class Qwen3VLImageProcessor(Qwen3VLProcessor):
@@ -26,6 +29,20 @@ class Qwen3VLImageProcessor(Qwen3VLProcessor):
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """Save like upstream, recorded as ``Qwen3VLProcessor`` (processor_config.json and
+        tokenizer_config.json), so standard tooling (AutoProcessor where torchvision is installed,
+        vLLM) opens the directory as an ordinary Qwen3-VL checkpoint."""
+        out = super().save_pretrained(save_directory, **kwargs)
+        for name in ("processor_config.json", "tokenizer_config.json"):
+            f = Path(save_directory) / name
+            if f.exists():
+                data = json.loads(f.read_text())
+                if "processor_class" in data:
+                    data["processor_class"] = "Qwen3VLProcessor"
+                    f.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return out
 
     def __call__(self, images=None, text=None, videos=None, **kwargs):
         if videos is not None:
@@ -58,12 +75,9 @@ def load_processor(
     tokenizer = AutoTokenizer.from_pretrained(path, **hub_kwargs)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, **hub_kwargs)
     if min_pixels is not None or max_pixels is not None:
-        size = dict(image_processor.size)
-        if min_pixels is not None:
-            size["shortest_edge"] = int(min_pixels)
-        if max_pixels is not None:
-            size["longest_edge"] = int(max_pixels)
-        if size["shortest_edge"] > size["longest_edge"]:
-            raise ValueError(f"image min_pixels {size['shortest_edge']} > max_pixels {size['longest_edge']}")
-        image_processor.size = size
+        lo = int(min_pixels) if min_pixels is not None else int(image_processor.size["shortest_edge"])
+        hi = int(max_pixels) if max_pixels is not None else int(image_processor.size["longest_edge"])
+        if lo > hi:
+            raise ValueError(f"image min_pixels {lo} > max_pixels {hi}")
+        image_processor.size = SizeDict(shortest_edge=lo, longest_edge=hi)
     return Qwen3VLImageProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)

@@ -42,7 +42,7 @@ from rlkit.policy.tokenizer import (
 )
 
 #: Bump when the builder's output changes for the same sizes (invalidates cached checkpoints).
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 
 @dataclass

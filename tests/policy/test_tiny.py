@@ -99,3 +99,10 @@ def test_cache_reuses_checkpoint(tmp_path):
 def test_invalid_sizes_raise(bad):
     with pytest.raises(ValueError):
         TinyVLSizes(**{**TEST_SIZES, **bad}).validate()
+
+
+def test_checkpoint_files_name_upstream_classes(tiny_dir):
+    proc_cfg = json.loads((tiny_dir / "processor_config.json").read_text())
+    assert proc_cfg["processor_class"] == "Qwen3VLProcessor"
+    assert json.loads((tiny_dir / "config.json").read_text())["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    assert load_processor(tiny_dir, min_pixels=64, max_pixels=32 * 32).image_processor.size["longest_edge"] == 1024
