@@ -64,7 +64,7 @@ def test_adapter_roundtrip_into_fresh_base(make_policy, tiny_dir, tmp_path):
     assert torch.equal(_logits(policy.model, policy, prompt), _logits(fresh, policy, prompt))
 
 
-def test_hot_swap_changes_logits_and_matches_fresh_load(make_policy, tmp_path):
+def test_hot_swap_changes_logits_and_matches_fresh_load(make_policy, tiny_dir, tmp_path):
     trainer, engine_side = make_policy(), make_policy()
     prompt = _batch(trainer)
     before = _logits(engine_side.model, engine_side, prompt)
@@ -75,6 +75,8 @@ def test_hot_swap_changes_logits_and_matches_fresh_load(make_policy, tmp_path):
     assert info.version == 1 and info.sha256 == read_adapter_info(tmp_path / "v1").sha256
     assert not torch.allclose(before, after)
     assert torch.equal(after, _logits(trainer.model, trainer, prompt))
+    fresh = PeftModel.from_pretrained(Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir), tmp_path / "v1")
+    assert torch.equal(after, _logits(fresh, trainer, prompt))
     # a second version replaces the first in place
     perturb_lora(trainer.model, seed=3)
     trainer.save_adapter(tmp_path / "v1", version=2)
