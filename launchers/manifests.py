@@ -87,8 +87,9 @@ class WorkerConf:
 class RayJobConf:
     enabled: bool = False
     name: str = "rlkit-train"
-    # Where the image holds the repo (the RayJob cannot upload code; the sweep launchers do).
-    code_dir: str = "/workspace/rlkit"
+    # Where the image holds the repo (docker/Dockerfile: /opt/rlkit). A RayJob runs the image's code;
+    # the sweep launchers upload your working tree instead.
+    code_dir: str = "/opt/rlkit"
     overrides: list[str] = field(default_factory=list)   # train.py overrides, e.g. [lr=3e-5]
     # false: run on the RayCluster above (clusterSelector); true: a cluster of its own, deleted after.
     own_cluster: bool = False
@@ -101,7 +102,7 @@ class ClusterConf:
 
     name: str = "rlkit"
     namespace: str = "default"
-    image: str = MISSING                # your image: Ray 2.60 + rlkit's dependencies (see docs/hyperpod.md)
+    image: str = MISSING                # your image: docker/Dockerfile pushed to ECR (Ray 2.60.0 + rlkit + SkyRL)
     ray_version: str = "2.60.0"
     annotations: dict[str, str] = field(default_factory=lambda: {ENDPOINT_ANNOTATION: "true"})
     env: dict[str, str] = field(default_factory=lambda: {

@@ -228,8 +228,10 @@ def connect(address: Optional[str], verify: Any = True) -> Any:
         except Exception as e:  # noqa: BLE001 - ray/toolkit raise many types; re-raised with context
             name = type(e).__name__
             if name == "AuthenticationError":
-                hint = ("The cluster uses Ray token auth: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
-                        "(or put the token in ~/.ray/auth_token) before launching.")
+                hint = ("The cluster uses Ray token auth (`ray start` turns it on when ~/.ray/auth_token "
+                        "exists and RAY_AUTH_MODE is unset): export RAY_AUTH_MODE=token, with the cluster's token "
+                        "in RAY_AUTH_TOKEN or ~/.ray/auth_token, before launching; or start the cluster with "
+                        "RAY_AUTH_MODE=disabled.")
             elif name in ("TokenAcquisitionError", "KubeconfigError"):
                 hint = ("The sagemaker_ray toolkit could not authenticate: check `kubectl get rayclusters -n "
                         "<namespace>` works with the current kubeconfig context, that the RayCluster has the "
@@ -703,7 +705,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
 
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        for o in failed:
+        # Hydra reports the first failure with its full message; the others would be lost.
+        log.error("%d of %d jobs failed: %s", len(failed), len(outcomes),
+                  ", ".join(f"#{o.spec.num} {o.status}" for o in failed))
+        for o in failed[1:]:
             log.error("%s", o.error)
         if str(OmegaConf.select(config, "hydra.sweeper._target_", default="")) == BASIC_SWEEPER:
             # BasicSweeper will raise the first failure and skip on_multirun_end: run it now.
