@@ -5,6 +5,8 @@
     python train.py --cfg job                                     # print the composed config
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -18,5 +20,13 @@ def main(cfg: DictConfig) -> dict:
     return run(cfg)
 
 
+def _flags_first(argv: list[str]) -> list[str]:
+    """Hydra's argparse accepts its flags only before the overrides; users type
+    `train.py env=visgym -m lr=1e-5,3e-5`. Move the value-less run-mode flags to the front."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return flags + [a for a in argv if a not in flags]
+
+
 if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *_flags_first(sys.argv[1:])]
     main()

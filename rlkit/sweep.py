@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-COLUMNS = ["job", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
+COLUMNS = ["job", "swept", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -43,7 +43,12 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
             rows.append({"job": d.name, "overrides": overrides, "status": "failed (no result.json)",
                          "success_before": None, "success_after": None, "steps": None,
                          "wall_time_s": None, "output_dir": str(d)})
-    return rows
+    # "swept": the overrides that differ between jobs (what the table is about)
+    split = [r["overrides"].split() for r in rows]
+    common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
+    for r, parts in zip(rows, split):
+        r["swept"] = " ".join(p for p in parts if p not in common)
+    return [{k: r[k] for k in COLUMNS} for r in rows]
 
 
 def _overrides(job_dir: Path) -> str:
@@ -72,12 +77,12 @@ def print_summary(rows: list[dict[str, Any]], title: str) -> None:
 
     best = max((r["success_after"] for r in rows if r["success_after"] is not None), default=None)
     table = Table(title=title)
-    for c in ["job", "overrides", "status", "success before", "success after", "steps", "wall time", "output dir"]:
+    for c in ["job", "swept", "status", "success before", "success after", "steps", "wall time", "output dir"]:
         table.add_column(c)
     for r in rows:
         style = "bold green" if best is not None and r["success_after"] == best else None
         wall = "-" if r["wall_time_s"] is None else f"{r['wall_time_s']:.0f}s"
-        table.add_row(r["job"], r["overrides"], r["status"], pct(r["success_before"]), pct(r["success_after"]),
+        table.add_row(r["job"], r["swept"] or r["overrides"], r["status"], pct(r["success_before"]), pct(r["success_after"]),
                       str(r["steps"] if r["steps"] is not None else "-"), wall, r["output_dir"], style=style)
     Console(width=200).print(table)
 

@@ -60,7 +60,8 @@ def test_smoke_sweep_summary(tmp_path):
     sweep = tmp_path / "sweep"
     proc = _run(["experiment=smoke", "logger=console", "-m", "lr=1e-5,3e-5", f"hydra.sweep.dir={sweep}"], tmp_path)
     rows = json.loads((sweep / "sweep_summary.json").read_text())
-    assert [r["overrides"] for r in rows] == ["lr=1e-5", "lr=3e-5"]
+    assert [r["swept"] for r in rows] == ["lr=1e-05", "lr=3e-05"]
+    assert all(r["overrides"].startswith("experiment=smoke logger=console") for r in rows)
     assert all(r["status"] == "completed" and r["steps"] == 2 for r in rows)
     assert (sweep / "sweep_summary.csv").read_text().count("\n") == 3
-    assert "lr=3e-5" in proc.stdout
+    assert "lr=3e-05" in proc.stdout
