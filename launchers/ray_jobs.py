@@ -4,7 +4,10 @@ The Hydra side (``launch``) turns each job's overrides into a :class:`JobSpec`: 
 ``python train.py <overrides> hydra.run.dir=<sweep_dir>/<subdir> hydra.job.num=<n> hydra.job.id=<id>``
 plus a runtime_env. :class:`RayJobsRunner` submits the specs with ``JobSubmissionClient.submit_job``,
 keeps at most ``max_concurrent_jobs`` of them active, polls ``get_job_info`` every
-``poll_interval_s`` seconds, prints new lines of ``get_job_logs`` prefixed with the job number,
+``poll_interval_s`` seconds, prints new lines of ``get_job_logs`` prefixed with the job number
+(plain HTTP requests like every other Jobs API call, so they pass wherever those do, e.g. the
+sagemaker_ray endpoint; the websocket ``tail_job_logs`` is not used; a log past 1 MB is fetched
+less often, about 1 MB per poll),
 stops jobs that stay PENDING longer than ``pending_timeout_s`` seconds, and turns every job into an
 :class:`Outcome` (the parsed ``result.json``, or the reason it failed with the tail of its log).
 
@@ -53,6 +56,7 @@ _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_./+@%-]+")
 _MARKER_LINE = re.compile(r"^" + re.escape(RESULT_MARKER) + r"[ \t]*\r?$", re.MULTILINE)
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+LOG_BYTES_PER_POLL = 1_000_000
 SCHEME_PACKAGES = {"sagemaker_ray": "toolkit-for-ray-on-sagemaker-ai"}
 _ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
@@ -160,6 +164,7 @@ class _Active:
     printed: int = 0          # characters of the log already echoed
     partial: str = ""         # an unterminated last line, held back until it completes
     muted: bool = False       # past the result marker: the result JSON is not echoed
+    next_log_at: float = 0.0  # clock time of the next log fetch while RUNNING
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,9 +405,10 @@ class RayJobsRunner:
                     self._client = None
                     reauthed = True
                     continue
-                if _is_connection_error(e):
+                if _is_connection_error(e):  # keep the client: a new one would fail to connect as well
                     now = self.clock()
-                    self._down_since = self._down_since or now
+                    if self._down_since is None:
+                        self._down_since = now
                     if now - self._down_since > self.s.unreachable_timeout_s:
                         raise LauncherError(
                             f"The Ray Jobs API at {self.s.address} has been unreachable for "
@@ -411,7 +417,6 @@ class RayJobsRunner:
                             "hydra.launcher.unreachable_timeout_s.") from e
                     log.warning("Ray Jobs API unreachable during %s (%s); retrying", what, e)
                     self.sleep(min(self.s.poll_interval_s, 5.0))
-                    self._client = None
                     continue
                 raise
 
@@ -480,8 +485,11 @@ class RayJobsRunner:
         if status == "RUNNING" and a.started_at is None:
             a.started_at = self.clock()
         a.status = status
-        if status == "RUNNING" and self.s.stream_logs:
-            self._echo_new(a, self._logs(a))
+        if status == "RUNNING" and self.s.stream_logs and self.clock() >= a.next_log_at:
+            logs = self._logs(a)
+            self._echo_new(a, logs)
+            # get_job_logs returns the whole log: past 1 MB, fetch it less often (about 1 MB per poll).
+            a.next_log_at = self.clock() + self.s.poll_interval_s * (len(logs) / LOG_BYTES_PER_POLL)
         if status == "PENDING":
             waited = self.clock() - a.submitted_at
             if waited > self.s.pending_timeout_s:

@@ -27,12 +27,11 @@ SECRET = "not-a-real-key-51c0"
 
 
 @pytest.fixture
-def hyperpod(tmp_path, monkeypatch, request):
-    """Mock EKS + dashboard; kubeconfig and CA trust set in this process's environment."""
+def hyperpod(tmp_path, monkeypatch):
+    """Mock EKS + dashboard; kubeconfig and CA trust set in this process's environment. The dashboard
+    forwards to nothing until a test points ``dash.upstream`` at a Ray dashboard."""
     certs = make_certs(tmp_path / "tls")
-    upstream = request.getfixturevalue("ray_cluster").dashboard_url if "ray_cluster" in request.fixturenames \
-        else "http://127.0.0.1:9"
-    dash = MockDashboard(certs=certs, upstream=upstream)
+    dash = MockDashboard(certs=certs, upstream="http://127.0.0.1:9")
     eks = MockEKS(certs, token=TOKEN, clusters={("team-a", "rlkit"): dash})
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", eks.url, certs.ca, TOKEN)
     env = {"KUBECONFIG": str(kubeconfig), "REQUESTS_CA_BUNDLE": str(certs.ca)}
@@ -86,6 +85,7 @@ def test_missing_toolkit_names_the_package(monkeypatch):
 
 def test_hyperpod_sweep_through_the_real_toolkit(ray_cluster, hyperpod, tmp_path):
     eks, dash, env = hyperpod
+    dash.upstream = ray_cluster.dashboard_url
     dash.expire_after = 8  # sessions die after 8 requests: the sweep must re-authenticate
     fsx = tmp_path / "fsx" / "rlkit" / "sweep"  # the "cluster side" folder (stands for /shared/rlkit/...)
     sweep_dir = tmp_path / "multirun"

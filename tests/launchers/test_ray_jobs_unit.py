@@ -122,7 +122,8 @@ class FakeClient:
 
     def get_job_logs(self, sid):
         j = self.w.jobs[sid]
-        text = "".join(f"line {i}\n" for i in range(j["polls"]))
+        self.w.log_fetches += 1
+        text = self.w.pad + "".join(f"line {i}\n" for i in range(j["polls"]))
         if j.get("done") and self.w.final.get(sid) is None:
             text += f"{RESULT_MARKER}\n" + json.dumps({"status": "completed", "job": sid}) + "\n"
         return text
@@ -139,6 +140,7 @@ class World:
     final: dict = None
     auth_fail_next: int = 0
     down_for: int = 0
+    pad: str = ""
 
     def __post_init__(self):
         self.final = self.final or {}
@@ -146,6 +148,7 @@ class World:
         self.calls: list = []
         self.max_active = 0
         self.connects = 0
+        self.log_fetches = 0
 
     def factory(self):
         self.connects += 1
@@ -209,7 +212,7 @@ def test_runner_reconnects_when_the_session_expires(tmp_path):
 def test_runner_rides_out_a_short_outage_and_gives_up_on_a_long_one(tmp_path):
     world, clock, lines = World(down_for=3), Clock(), []
     (o,) = _runner(world, clock, lines, unreachable_timeout_s=60).run(_specs(tmp_path, 1))
-    assert o.ok
+    assert o.ok and world.connects == 1  # the same client retried; reconnecting would fail too
     world, clock = World(down_for=10_000), Clock()
     with pytest.raises(LauncherError, match="unreachable for .* keep running on the cluster"):
         _runner(world, clock, lines, unreachable_timeout_s=30).run(_specs(tmp_path, 1))
@@ -227,3 +230,12 @@ def test_runner_marks_a_refused_submission_failed(tmp_path):
     runner = RayJobsRunner(Settings(poll_interval_s=1), refusing, echo=lines.append, clock=clock, sleep=clock.sleep)
     (o,) = runner.run(_specs(tmp_path, 1))
     assert not o.ok and o.status == "NOT_SUBMITTED" and "package too large" in o.error
+
+
+def test_runner_fetches_big_logs_less_often(tmp_path):
+    world, clock, lines = World(run_polls=12), Clock(), []
+    _runner(world, clock, lines).run(_specs(tmp_path, 1))
+    small = world.log_fetches  # every RUNNING poll + the final fetch
+    world, clock = World(run_polls=12, pad="x" * 4_000_000 + "\n"), Clock()
+    _runner(world, clock, lines).run(_specs(tmp_path, 1))
+    assert small == 12 and world.log_fetches <= 4  # 4 MB: about one fetch per 4 polls
