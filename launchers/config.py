@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING
-
 # Paths never shipped with an uploaded working_dir (Ray's runtime_env "excludes" use .gitignore syntax).
 DEFAULT_EXCLUDES = [
     ".venv/", ".git/", "outputs/", "multirun/", "wandb/", ".cache/", "__pycache__/", "*.pyc",
@@ -92,8 +90,9 @@ class HyperPodLauncherConf(RayJobsLauncherConf):
     """``launcher=hyperpod``: the Ray Jobs launcher against a HyperPod RayCluster's secured endpoint."""
 
     _target_: str = "hydra_plugins.rlkit_launchers.ray_launchers.HyperPodLauncher"
-    # sagemaker_ray://<raycluster>/<namespace>, resolved by toolkit-for-ray-on-sagemaker-ai.
-    address: Optional[str] = MISSING
+    # Required: sagemaker_ray://<raycluster>/<namespace>, resolved by toolkit-for-ray-on-sagemaker-ai
+    # (or an http(s) dashboard address, e.g. a kubectl port-forward). null fails with the fix at launch.
+    address: Optional[str] = None
     local_cluster: Optional[bool] = False
     # On the FSx for Lustre volume mounted at /shared in every pod (scripts/hyperpod_cluster.py).
     sweep_dir: Optional[str] = "/shared/rlkit/${hydra.sweep.dir}"

@@ -83,6 +83,6 @@ class HyperPodLauncher(RayJobsLauncher):
         if scheme not in ("sagemaker_ray", "http", "https"):
             raise LauncherError(
                 f"launcher=hyperpod needs hydra.launcher.address=sagemaker_ray://<raycluster>/<namespace> "
-                f"(got {address!r}); see docs/hyperpod.md.")
+                f"(got {self.settings.address!r}); see docs/hyperpod.md.")
         check_address(address)
         return super().launch(job_overrides, initial_job_idx)
