@@ -1,6 +1,6 @@
 """The real rlkit job through ``launcher=ray``: ``train.py experiment=smoke logger=console`` swept over two
-learning rates on the session's local Ray cluster (2 GRPO steps each; the sweep takes about 50 s here
-with a cold cache, under the ~3 minutes above which it would be marked slow).
+learning rates on the session's local Ray cluster (2 GRPO steps each; the sweep took 17-55 s here with a
+cold cache, well under the ~3 minutes above which it would be marked slow).
 
 Both jobs run at once (2 CPUs, one per entrypoint) and share a fresh cache folder: the tiny model
 and SFT warm start are built by one of them under rlkit's cache lock while the other waits.
