@@ -12,6 +12,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev]"
+# SkyRL's config classes, so the skyrl backend's compiled config is validated by SkyRL's own schema
+# in the tests. --no-deps: SkyRL's pins would replace torch/transformers/ray (see docs/skyrl.md).
+.venv/bin/python -m pip install -q --no-deps "skyrl==0.3.0" "loguru==0.7.3"
 .venv/bin/python - <<'PYEOF'
 import importlib.util, sys
 bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
