@@ -1,20 +1,38 @@
-"""Metric sinks: Weights & Biases (default) and a console-only logger.
+"""Metric sinks: Weights & Biases (default), TensorBoard, console-only, and several at once.
 
 Every run also writes ``metrics.jsonl`` in its output folder (one JSON object per logged step) no
-matter which logger is chosen: reports and the sweep summary read it.
+matter which logger is chosen: reports (``scripts/report.py``) and the sweep summary read it.
 
-W&B mode ``auto`` follows wandb's documented behaviour for offline use: online when WANDB_API_KEY is
-set, otherwise offline (files under ``<output_dir>/wandb/offline-run-*``, uploadable later with
-``wandb sync``). A resumed run passes the stored run id with ``resume="allow"`` so W&B continues
-the same run.
+The logger interface the training loop uses (``Logger``):
+    start(output_dir, config, run_name, group, resume_id, resume_step=0) -> run id or None
+    log(metrics, step)                       scalars, once per step (and per evaluation)
+    log_table(key, columns, rows, step)      sample tables; PIL images in cells are images
+    log_artifact(path, name, kind)           a folder (the LoRA adapter) as a versioned artifact
+    finish()
+
+Options (conf/logger/*.yaml, ``logger=<name>``): ``wandb`` (default), ``console``, ``tensorboard``,
+``multi`` (W&B + TensorBoard; its ``loggers`` mapping takes any logger configs). When the job runs
+inside a Ray cluster, the step metrics are also exported as Ray metrics (``rlkit.metrics_export``).
+
+W&B mode ``auto`` follows wandb's documented offline behaviour: ``WANDB_MODE`` when it is set,
+otherwise online when ``WANDB_API_KEY`` is set, otherwise offline (files under
+``<output_dir>/wandb/offline-run-*``, uploadable later with ``wandb sync <that folder>``). A resumed
+run passes the stored run id with ``resume="allow"`` (wandb's resume docs: continue the run with
+that id if it exists, create it otherwise), so W&B continues the same run; offline, each segment is
+its own ``offline-run-*`` folder with the same run id and ``wandb sync`` appends them to one run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class MetricsFile:
@@ -45,12 +63,39 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric entries of ``metrics`` as floats (bools count as 0/1; strings are dropped)."""
+    out = {}
+    for k, v in _plain(metrics).items():
+        if isinstance(v, (bool, int, float)) and math.isfinite(float(v)):
+            out[k] = float(v)
+    return out
+
+
+class Logger(Protocol):
+    """What the training loop calls; see the module docstring. ``run_id`` is set by ``start``."""
+
+    run_id: str | None
+
+    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None,
+              resume_id: str | None, resume_step: int = 0) -> str | None: ...
+
+    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None: ...
+
+    def log_artifact(self, path: Path, name: str, kind: str) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class ConsoleLogger:
-    """No external service: metrics go to metrics.jsonl and the console progress line only."""
+    """No external service: metrics go to metrics.jsonl and the console progress only."""
 
     run_id: str | None = None
 
-    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None, resume_id: str | None) -> str | None:
+    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None,
+              resume_id: str | None, resume_step: int = 0) -> str | None:
         return None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -66,34 +111,61 @@ class ConsoleLogger:
         pass
 
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """``auto`` -> WANDB_MODE if set, else online with WANDB_API_KEY, else offline; others unchanged.
+
+    Raises: ValueError on a mode that is not one of ``WANDB_MODES``.
+    """
+    if mode not in WANDB_MODES:
+        raise ValueError(f"logger.mode={mode!r} is not one of {', '.join(WANDB_MODES)}")
+    if mode != "auto":
+        return mode
+    env_mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode
+    if env_mode == "dryrun":  # wandb's old spelling of offline
+        return "offline"
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
 class WandbLogger:
-    """Weights & Biases run per job; see the module docstring for modes and resume.
+    """One Weights & Biases run per job; see the module docstring for modes and resume.
 
     Args (conf/logger/wandb.yaml): project, entity, group (None: the sweep folder's name in a
-    multirun), tags, name (None: the job's override string), mode (auto|online|offline|disabled).
+    multirun), tags, name (None: the job's override string), mode (auto|online|offline|disabled),
+    job_type (W&B's job type, "train").
 
-    Raises: ValueError on an unknown mode.
+    What a run holds: the resolved config (``wandb.config``), every step's metrics with the step as
+    W&B's ``_step``, ``eval/success_rate`` summarised as its maximum and its last value
+    (``define_metric(summary="max,last")``), the ``eval/samples`` table at each evaluation (maze images with
+    the path taken, model outputs, rewards), and the adapter artifact (type ``lora_adapter``).
+
+    Raises: ValueError on an unknown mode (at construction, i.e. when the config is instantiated).
     """
 
     def __init__(self, project: str = "rlkit", entity: str | None = None, group: str | None = None,
-                 tags: list[str] | None = None, name: str | None = None, mode: str = "auto"):
-        if mode not in ("auto", "online", "offline", "disabled"):
-            raise ValueError(f"logger.mode={mode!r} is not one of auto, online, offline, disabled")
+                 tags: list[str] | None = None, name: str | None = None, mode: str = "auto",
+                 job_type: str = "train"):
+        resolve_wandb_mode(mode)  # validates
         self.project, self.entity, self.group = project, entity, group
-        self.tags, self.name, self.mode = list(tags or []), name, mode
+        self.tags, self.name, self.mode, self.job_type = list(tags or []), name, mode, job_type
         self._run = None
         self.run_id: str | None = None
+        self.run_dir: Path | None = None  # the run's folder (offline-run-* / run-* under <output_dir>/wandb)
 
-    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None, resume_id: str | None) -> str | None:
+    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None,
+              resume_id: str | None, resume_step: int = 0) -> str | None:
         import wandb
 
-        mode = self.mode
-        if mode == "auto":
-            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        mode = resolve_wandb_mode(self.mode)
         self._run = wandb.init(
             project=self.project,
             entity=self.entity,
             group=self.group or group,
+            job_type=self.job_type,
             tags=self.tags,
             name=self.name or run_name,
             config=config,
@@ -104,6 +176,11 @@ class WandbLogger:
             settings=wandb.Settings(console="off", quiet=True),
         )
         self.run_id = self._run.id
+        if mode != "disabled":
+            self._run.define_metric("eval/success_rate", summary="max,last")
+            self.run_dir = Path(self._run.dir).parent
+            hint = f"; upload later with: wandb sync {self.run_dir}" if mode == "offline" else ""
+            log.info("W&B run %s (%s) in %s%s", self.run_id, mode, self.run_dir, hint)
         return self.run_id
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -111,21 +188,38 @@ class WandbLogger:
             self._run.log(_plain(metrics), step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-        """Log a table; PIL images in cells become wandb.Image."""
+        """Log ``rows`` as a ``wandb.Table`` under ``key``; PIL images in cells become ``wandb.Image``.
+
+        wandb 0.31 writes the table under the run's ``files/media/table/`` and keeps the full table
+        (with its images) in a run artifact, staged under ``WANDB_DATA_DIR`` until ``wandb sync``.
+        The images are also logged as an image list ``<key>_images`` (one caption per row from its
+        scalar cells), which lands in ``files/media/images/`` and gives W&B's image panel with a
+        step slider.
+        """
         if self._run is None:
             return
         import wandb
         from PIL import Image
 
         data = [[wandb.Image(c) if isinstance(c, Image.Image) else c for c in row] for row in rows]
-        self._run.log({key: wandb.Table(columns=columns, data=data)}, step=step)
+        images = []
+        for row in rows:
+            caption = " · ".join(f"{c} {v:.3g}" if isinstance(v, float) else f"{c} {v}"
+                                 for c, v in zip(columns, row) if isinstance(v, (bool, int, float)))
+            images += [wandb.Image(c, caption=caption) for c in row if isinstance(c, Image.Image)]
+        payload: dict[str, Any] = {key: wandb.Table(columns=columns, data=data)}
+        if images:
+            payload[f"{key}_images"] = images
+        self._run.log(payload, step=step)
 
     def log_artifact(self, path: Path, name: str, kind: str) -> None:
+        """Log the folder ``path`` as an artifact ``name`` of type ``kind`` (versioned by W&B;
+        offline it is uploaded by ``wandb sync``)."""
         if self._run is None:
             return
         import wandb
 
-        art = wandb.Artifact(name=name, type=kind)
+        art = wandb.Artifact(name=_artifact_name(name), type=kind)
         art.add_dir(str(path))
         self._run.log_artifact(art)
 
@@ -133,3 +227,145 @@ class WandbLogger:
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def _artifact_name(name: str) -> str:
+    """W&B artifact names allow letters, digits, dashes, underscores and dots."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+
+
+class TensorBoardLogger:
+    """TensorBoard event files via ``torch.utils.tensorboard.SummaryWriter`` (needs ``tensorboard``).
+
+    Args (conf/logger/tensorboard.yaml): log_dir (None: ``<output_dir>/tensorboard``), flush_secs
+    (seconds between flushes to disk), max_images (images per sample table).
+
+    Scalars go to ``add_scalar(key, value, step)`` (the key's ``/`` groups them into sections),
+    sample tables to ``add_text`` (a markdown table) plus ``add_image`` for the images (tag
+    ``<key>/<row>``), artifacts to ``add_text`` (their path). On resume the writer is opened with
+    ``purge_step = resume_step + 1``, so TensorBoard hides the events of the lost part of the run
+    (SummaryWriter's documented crash-recovery behaviour).
+
+    Raises: ImportError naming the package to install when tensorboard is missing (at ``start``).
+    """
+
+    def __init__(self, log_dir: str | None = None, flush_secs: int = 30, max_images: int = 8):
+        self.log_dir, self.flush_secs, self.max_images = log_dir, int(flush_secs), int(max_images)
+        self.run_id: str | None = None
+        self._writer = None
+
+    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None,
+              resume_id: str | None, resume_step: int = 0) -> str | None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError(f"logger=tensorboard needs the tensorboard package (pip install tensorboard): {e}") from e
+        path = Path(self.log_dir) if self.log_dir else Path(output_dir) / "tensorboard"
+        self._writer = SummaryWriter(str(path), flush_secs=self.flush_secs,
+                                     purge_step=resume_step + 1 if resume_step > 0 else None)
+        if resume_step == 0:
+            import yaml
+
+            self._writer.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "\n```", 0)
+        return None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._writer is None:
+            return
+        for k, v in scalars(metrics).items():
+            self._writer.add_scalar(k, v, step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        if self._writer is None:
+            return
+        import numpy as np
+        from PIL import Image
+
+        text_cols = [i for i, c in enumerate(columns) if not any(isinstance(r[i], Image.Image) for r in rows)]
+        head = "| " + " | ".join(columns[i] for i in text_cols) + " |"
+        sep = "|" + "---|" * len(text_cols)
+        body = ["| " + " | ".join(str(r[i]).replace("|", "\\|").replace("\n", " ") for i in text_cols) + " |"
+                for r in rows]
+        self._writer.add_text(key, "\n".join([head, sep, *body]), step)
+        shown = 0
+        for n, row in enumerate(rows):
+            for cell in row:
+                if isinstance(cell, Image.Image) and shown < self.max_images:
+                    self._writer.add_image(f"{key}/{n}", np.asarray(cell.convert("RGB")), step, dataformats="HWC")
+                    shown += 1
+
+    def log_artifact(self, path: Path, name: str, kind: str) -> None:
+        if self._writer is not None:
+            self._writer.add_text(f"artifacts/{kind}", f"{name}: {path}")
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class MultiLogger:
+    """Several loggers at once (``logger=multi``): every call goes to each, in the given order.
+
+    Args:
+        loggers: name -> logger (built by Hydra from the ``loggers`` mapping of conf/logger/multi.yaml,
+            each entry a logger config with its own ``_target_``; an unknown key in an entry fails
+            like it does for that logger alone), or a list of loggers.
+
+    ``start`` returns the first run id a logger reports (W&B's), which the checkpoint stores for
+    resume. ``finish`` finishes every logger even if one raises, then re-raises the first error.
+
+    Raises: ValueError when ``loggers`` is empty or an entry is not a logger.
+    """
+
+    def __init__(self, loggers: Mapping[str, Any] | list[Any]):
+        # Hydra passes the mapping as a DictConfig (a Mapping) holding the instantiated loggers
+        items = ([(str(k), v) for k, v in loggers.items()] if isinstance(loggers, Mapping)
+                 else [(type(x).__name__, x) for x in loggers])
+        if not items:
+            raise ValueError("logger=multi needs at least one entry under logger.loggers")
+        for name, lg in items:
+            missing = [m for m in ("start", "log", "log_table", "log_artifact", "finish") if not hasattr(lg, m)]
+            if missing:
+                raise ValueError(f"logger.loggers.{name} ({type(lg).__name__}) is not a logger: no {', '.join(missing)}")
+        self.loggers: dict[str, Any] = dict(items)
+        self.run_id: str | None = None
+
+    def start(self, output_dir: Path, config: dict, run_name: str, group: str | None,
+              resume_id: str | None, resume_step: int = 0) -> str | None:
+        for lg in self.loggers.values():
+            rid = lg.start(output_dir, config, run_name, group, resume_id, resume_step=resume_step)
+            self.run_id = self.run_id or rid
+        return self.run_id
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for lg in self.loggers.values():
+            lg.log(metrics, step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        for lg in self.loggers.values():
+            lg.log_table(key, columns, rows, step)
+
+    def log_artifact(self, path: Path, name: str, kind: str) -> None:
+        for lg in self.loggers.values():
+            lg.log_artifact(path, name, kind)
+
+    def finish(self) -> None:
+        first: BaseException | None = None
+        for lg in self.loggers.values():
+            try:
+                lg.finish()
+            except BaseException as e:  # finish the others, then raise
+                first = first or e
+        if first is not None:
+            raise first
+
+    def find(self, cls: type) -> list[Any]:
+        """The loggers of type ``cls`` (nested multis included)."""
+        found = []
+        for lg in self.loggers.values():
+            if isinstance(lg, cls):
+                found.append(lg)
+            if isinstance(lg, MultiLogger):
+                found += lg.find(cls)
+        return found
