@@ -102,10 +102,13 @@ class NativeRun:
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
         self._resume()
-        self.logger = instantiate_plugin(cfg.logger, "logger")
+        from rlkit.metrics_export import with_cluster_metrics
+
+        # the configured logger(s), plus Ray metrics when this job runs inside a Ray cluster
+        self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))
         self.state.run_id = self.logger.start(
             self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
-            resume_id=self.state.run_id,
+            resume_id=self.state.run_id, resume_step=self.state.step,
         )
         seeds = self.env_spec.eval_seeds()
         self.eval_seeds = seeds[: self.eval_cfg.num_tasks] if self.eval_cfg.num_tasks else seeds
@@ -213,14 +216,17 @@ class NativeRun:
 
     # ---------------------------------------------------------------- train
     def _eval(self, step: int, tag: str) -> dict[str, float]:
+        from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
+
         t0 = time.time()
-        metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds,
-                                            self.greedy, policy_version=step)
+        with self.progress.phase("eval", step=step, total=self.cfg.steps, detail=f"{len(self.eval_seeds)} tasks"):
+            metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds,
+                                                self.greedy, policy_version=step)
         metrics["timing/eval"] = time.time() - t0
         write_outcomes(self.out / "eval" / f"{tag}.json", self.env_spec.eval_set_name, step, metrics, per_task)
-        rows = [[t.episode.seed, t.episode.success, len(t.episode.turns), " | ".join(x.action_text for x in t.episode.turns)]
-                for t in trajs[:8]]
-        self.logger.log_table("eval/samples", ["seed", "success", "turns", "outputs"], rows, step)
+        # the first 8 tasks of the fixed set, so the same mazes can be compared across evaluations
+        rows = sample_rows(self.env_spec, self.reward_fn, trajs[:8])
+        self.logger.log_table("eval/samples", SAMPLE_COLUMNS, rows, step)
         return metrics
 
     def train_step(self, step: int) -> dict[str, float]:
