@@ -1,0 +1,19 @@
+"""Serving a trained policy: an OpenAI-compatible Chat Completions server, its vLLM equivalent, and
+a client that plays env episodes against either.
+
+Modules (imported on use, so a client machine needs neither FastAPI nor the model stack):
+
+- rlkit.serve.protocol: request models, ServeLimits, APIError (OpenAI error shape), image decoding,
+  response objects.
+- rlkit.serve.conversation: OpenAI messages -> the policy's token layout (rlkit.policy.chat), with
+  exact reuse of sampled ids for assistant turns (SampledIds).
+- rlkit.serve.models: adapter resolution (adapter dir, run dir, ``latest``), base resolution,
+  ModelHost (one PeftModel holding every adapter), load_host.
+- rlkit.serve.app: create_app (FastAPI), ServerSettings, ServerThread (uvicorn on a thread).
+- rlkit.serve.vllm: the equivalent ``vllm serve`` command line.
+- rlkit.serve.play: play episodes through the ``openai`` client; success rate and per-task outcomes.
+- rlkit.serve.config: compose conf/train.yaml (+ a run's recorded overrides) for these tools.
+
+Command lines: scripts/serve.py, scripts/play.py, scripts/eval.py, scripts/bench_serve.py;
+docs/serving.md walks through them.
+"""

@@ -1,0 +1,345 @@
+"""The OpenAI Chat Completions wire format as this server speaks it: requests, limits, errors, images.
+
+Shapes follow the OpenAI API reference for ``POST /v1/chat/completions`` (request: ``model``,
+``messages``, ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``n``,
+``seed``; response: ``chat.completion`` objects with ``choices`` and ``usage``; errors:
+``{"error": {"message", "type", "param", "code"}}``), plus vLLM's extra ``top_k`` parameter.
+
+Everything a client can get wrong is an ``APIError`` with a 4xx status and a message naming the
+field; nothing here raises anything else on malformed input. Parameters the server cannot honour
+(streaming, stop sequences, tools, penalties, logprobs, ...) are refused with 400, never ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import re
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
+
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+#: Image formats accepted in data URLs (what PIL decodes safely and clients send).
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+#: torch.Generator.manual_seed accepts this inclusive range (negative seeds are remapped by torch).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+class APIError(Exception):
+    """An error answered to the client in the OpenAI error shape.
+
+    status: HTTP status (4xx for client errors). message: what is wrong and how to fix it.
+    type: OpenAI error type ("invalid_request_error", "authentication_error", "not_found_error",
+    "rate_limit_error", "server_error"). param: the offending request field (e.g. "messages[1].content"),
+    or None. code: a short machine-readable code (e.g. "model_not_found"), or None.
+    """
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API returns it."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ServeLimits:
+    """Per-request limits of the server (all checked before any model work; violations are 4xx).
+
+    max_body_bytes: request body size (bytes; 413 above). Default 16 MiB.
+    max_image_bytes: one decoded image file (bytes). Default 8 MiB.
+    max_image_pixels: one image's width * height (pixels), checked from the header before the
+        pixels are decoded (decompression bombs). Default 4096 * 4096.
+    max_images: images in one request, all messages together. Default 32 (an 18-turn interactive
+        maze episode sends 18; a 30-turn hard one 30).
+    max_tokens: the largest ``max_tokens`` / ``max_completion_tokens`` a request may ask for (tokens
+        per choice). Default 1024.
+    default_max_tokens: used when the request gives none (capped by the context left). Default 256.
+    max_n: the largest ``n`` (choices per request). Default 8.
+    max_model_len: prompt tokens + max_tokens must fit (tokens; as vLLM's --max-model-len); None =
+        the model's max_position_embeddings.
+    max_queue: requests waiting for the model worker beyond which new ones get 429. Default 64.
+    """
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_image_bytes: int = 8 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096
+    max_images: int = 32
+    max_tokens: int = 1024
+    default_max_tokens: int = 256
+    max_n: int = 8
+    max_model_len: int | None = None
+    max_queue: int = 64
+
+    def validate(self) -> None:
+        """Raise ValueError naming a limit that is not a positive int."""
+        for name in ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_images", "max_tokens",
+                     "default_max_tokens", "max_n", "max_queue"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"limit {name}={v!r} must be an int >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"limit max_model_len={self.max_model_len!r} must be >= 2")
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(f"default_max_tokens={self.default_max_tokens} exceeds max_tokens={self.max_tokens}")
+
+
+# ---------------------------------------------------------------------------------------- request
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null")
+
+
+class TextPart(_Strict):
+    """``{"type": "text", "text": "..."}``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_Strict):
+    """``{"url": "data:image/png;base64,...", "detail": "auto"}`` (detail is accepted and ignored:
+    the policy's image processor decides the resolution)."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    """``{"type": "image_url", "image_url": {"url": ...}}``."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    """One chat message. ``developer`` is OpenAI's newer name for ``system`` and is treated as such.
+    Extra keys (``name``, ...) are accepted and ignored; tool and function messages are refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[Part], None] = None
+
+
+class ChatRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions`` (OpenAI fields this server honours, plus vLLM's
+    ``top_k``). Unlisted fields are accepted only if ``UNSUPPORTED`` does not refuse their value."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+
+
+#: Request fields whose non-neutral values cannot be honoured: field -> (is the value neutral?, why).
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "stream": (lambda v: v in (None, False), "streaming is not supported; send stream=false"),
+    "stream_options": (lambda v: v is None, "stream_options needs streaming, which is not supported"),
+    "stop": (lambda v: v in (None, [], ""), "stop sequences are not supported (generation stops at the end-of-turn token)"),
+    "tools": (lambda v: v in (None, []), "tools are not supported"),
+    "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported"),
+    "functions": (lambda v: v in (None, []), "functions are not supported"),
+    "function_call": (lambda v: v in (None, "none"), "function_call is not supported"),
+    "logit_bias": (lambda v: v in (None, {}), "logit_bias is not supported"),
+    "logprobs": (lambda v: v in (None, False), "logprobs are not returned by this server"),
+    "top_logprobs": (lambda v: v in (None, 0), "top_logprobs are not returned by this server"),
+    "presence_penalty": (lambda v: v in (None, 0, 0.0), "presence_penalty is not supported (only 0)"),
+    "frequency_penalty": (lambda v: v in (None, 0, 0.0), "frequency_penalty is not supported (only 0)"),
+    "repetition_penalty": (lambda v: v in (None, 1, 1.0), "repetition_penalty is not supported (only 1)"),
+    "response_format": (lambda v: v is None or v == {"type": "text"}, "response_format other than text is not supported"),
+    "audio": (lambda v: v is None, "audio output is not supported"),
+    "modalities": (lambda v: v in (None, ["text"]), "only the text output modality is supported"),
+    "prediction": (lambda v: v is None, "predicted outputs are not supported"),
+    "best_of": (lambda v: v in (None, 1), "best_of is not supported"),
+    "use_beam_search": (lambda v: v in (None, False), "beam search is not supported"),
+}
+
+
+def _param(loc: tuple) -> str:
+    """A pydantic error location as the request field path, e.g. ``messages[1].content[0].image_url.url``
+    (pydantic's union-branch and discriminator-tag entries dropped)."""
+    out, tagged = "", False
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        if part == "str" or part.startswith("list["):
+            tagged = "tagged-union" in part
+            continue
+        if tagged and out.endswith("]"):
+            tagged = False  # the discriminator tag right after the list index
+            continue
+        out += f".{part}" if out else part
+    return out
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    errs = e.errors(include_url=False)
+    err = max(errs, key=lambda x: len(x.get("loc", ())))  # the most specific branch of a union
+    loc = tuple(err.get("loc", ()))
+    param = _param(loc)
+    if err.get("type") == "missing":
+        return APIError(400, f"'{param}' is a required field", param=param or None, code="missing_required_parameter")
+    if loc and isinstance(loc[-1], str) and (loc[-1] == "str" or loc[-1].startswith("list[")):
+        msg = (f"invalid value for '{param}': must be a string or a list of content parts "
+               '({"type": "text", "text": ...} / {"type": "image_url", "image_url": {"url": ...}})')
+    else:
+        msg = f"invalid value for '{param}': {err.get('msg')}"
+    return APIError(400, msg, param=param or None, code="invalid_value")
+
+
+def parse_request(body: bytes) -> ChatRequest:
+    """Parse and validate a request body (already size-checked).
+
+    Returns: the ChatRequest.
+    Raises: APIError 400 for invalid JSON, a non-object body, a missing or ill-typed field (naming it),
+    or a parameter this server cannot honour (``UNSUPPORTED``).
+    """
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    try:
+        req = ChatRequest.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    for key, (neutral, why) in UNSUPPORTED.items():
+        try:
+            ok = neutral(data.get(key))
+        except Exception:  # an unhashable / odd value: not neutral
+            ok = False
+        if not ok:
+            raise APIError(400, f"'{key}': {why}", param=key, code="unsupported_parameter")
+    return req
+
+
+# ----------------------------------------------------------------------------------------- images
+
+
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[^,;]*)*),", re.ASCII)
+
+
+@dataclass
+class DecodedImage:
+    """An image from a request: the RGB PIL image and a sha256 of its pixels (mode, size, bytes)."""
+
+    image: Image.Image
+    digest: str
+
+
+def decode_image_url(url: str, limits: ServeLimits, param: str) -> DecodedImage:
+    """Decode an ``image_url`` into an RGB PIL image, enforcing the image limits.
+
+    Only ``data:image/<fmt>;base64,<payload>`` URLs are accepted (the server never fetches remote
+    URLs). The decoded file must be at most ``limits.max_image_bytes`` bytes, one of
+    ``IMAGE_FORMATS``, and at most ``limits.max_image_pixels`` pixels (checked from the header,
+    before decoding the pixels). Non-RGB images are converted to RGB (alpha dropped); the first
+    frame of an animation is used.
+
+    Raises: APIError 400 naming ``param`` (remote URL, not base64, bad base64, too many bytes or
+    pixels, unsupported or corrupt image).
+    """
+    if not url.startswith("data:"):
+        raise APIError(400, f"{param}: only data URLs (data:image/png;base64,...) are accepted; "
+                       "this server does not fetch remote images", param=param, code="invalid_image_url")
+    m = _DATA_URL.match(url)
+    if m is None:
+        raise APIError(400, f"{param}: malformed data URL (expected data:image/png;base64,<payload>)",
+                       param=param, code="invalid_image_url")
+    mime = (m.group("mime") or "").lower()
+    if not mime.startswith("image/"):
+        raise APIError(400, f"{param}: data URL media type {mime or '(none)'!r} is not an image", param=param,
+                       code="invalid_image_url")
+    if "base64" not in [p.strip().lower() for p in m.group("params").split(";")]:
+        raise APIError(400, f"{param}: the data URL must be base64-encoded (data:{mime};base64,...)", param=param,
+                       code="invalid_image_url")
+    payload = "".join(url[m.end():].split())  # tolerate line-wrapped base64
+    if len(payload) // 4 * 3 > limits.max_image_bytes + 3:
+        raise APIError(400, f"{param}: image is about {len(payload) // 4 * 3} bytes, more than the limit of "
+                       f"{limits.max_image_bytes} bytes", param=param, code="image_too_large")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise APIError(400, f"{param}: invalid base64 in data URL ({e})", param=param, code="invalid_base64") from None
+    if len(raw) > limits.max_image_bytes:
+        raise APIError(400, f"{param}: image has {len(raw)} bytes, more than the limit of {limits.max_image_bytes}",
+                       param=param, code="image_too_large")
+    if not raw:
+        raise APIError(400, f"{param}: empty image", param=param, code="invalid_image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
+            w, h = img.size
+            if w * h > limits.max_image_pixels:
+                raise APIError(400, f"{param}: image is {w}x{h} = {w * h} pixels, more than the limit of "
+                               f"{limits.max_image_pixels} pixels", param=param, code="image_too_large")
+            img.seek(0)
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+    except APIError:
+        raise
+    except Image.DecompressionBombError:
+        raise APIError(400, f"{param}: image dimensions exceed the limit of {limits.max_image_pixels} pixels",
+                       param=param, code="image_too_large") from None
+    except Exception as e:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError, bomb errors ...
+        raise APIError(400, f"{param}: could not decode the image ({type(e).__name__}: {e}); send a PNG, JPEG, "
+                       "WebP, GIF or BMP", param=param, code="invalid_image") from None
+    h_ = hashlib.sha256()
+    h_.update(f"{rgb.mode}{rgb.size}".encode())
+    h_.update(rgb.tobytes())
+    return DecodedImage(rgb, h_.hexdigest())
+
+
+# ---------------------------------------------------------------------------------------- response
+
+
+def completion_response(model: str, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int,
+                        fingerprint: str | None = None) -> dict[str, Any]:
+    """A ``chat.completion`` object (OpenAI shape).
+
+    choices: (content, finish_reason) per choice, finish_reason "stop" or "length".
+    prompt_tokens: prompt length in tokens (image placeholder tokens included).
+    completion_tokens: sampled tokens over all choices, the end-of-turn token included (as vLLM counts).
+    fingerprint: ``system_fingerprint`` (here: names the adapter weights served).
+    """
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(choices)
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }

@@ -1,0 +1,79 @@
+"""Fixtures for the serving tests: a small tiny-Qwen3-VL base, two trained-looking adapters, a run
+directory with checkpoints, and a helper that serves them on 127.0.0.1 (one server per test module)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="serving needs fastapi, uvicorn and openai (see docs/serving.md)")
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")
+
+from tests.policy.conftest import TEST_SIZES, perturb_lora  # noqa: E402
+
+#: API key of the test servers.
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # Tiny models on a shared 2-core machine: one intra-op thread (see tests/policy/conftest.py).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def base_dir(tmp_path_factory):
+    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
+
+    return build_tiny_policy(tmp_path_factory.mktemp("serve_tiny") / "ckpt", TinyVLSizes(**TEST_SIZES), seed=0)
+
+
+@pytest.fixture(scope="session")
+def adapters(base_dir, tmp_path_factory):
+    """Two adapters {"a": dir, "b": dir} on ``base_dir`` with different random LoRA weights (rank 4)."""
+    from rlkit.policy import load_policy
+
+    root = tmp_path_factory.mktemp("serve_adapters")
+    out = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", lora={"rank": 4, "alpha": 8})
+        perturb_lora(policy.model, seed, scale=1.0)
+        policy.save_adapter(root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="session")
+def run_dir(adapters, tmp_path_factory):
+    """A run directory as train.py leaves it mid-run: .hydra/ and checkpoints step 1 (adapter a) and
+    step 2 (adapter b, ``latest``), no final adapter/ yet."""
+    from rlkit import checkpoint as ckpt
+
+    run = tmp_path_factory.mktemp("serve_run") / "14-03-22"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("[]\n")
+    for step, name in ((1, "a"), (2, "b")):
+        ckpt.save(run / "checkpoints", step, lambda d, n=name: shutil.copytree(adapters[n], d / "adapter"))
+    return run
+
+
+@contextlib.contextmanager
+def serving(base_dir, adapter_args, api_key=None, **limits):
+    """Serve ``adapter_args`` ("name=path" strings) on ``base_dir`` at 127.0.0.1:<free port>; yields the
+    ServerThread (``.url``) and stops it on exit."""
+    from rlkit.serve.app import ServerSettings, ServerThread, create_app
+    from rlkit.serve.models import load_host, parse_adapter_arg
+    from rlkit.serve.protocol import ServeLimits
+
+    host = load_host({"name": "serve_test", "device": "cpu"}, [parse_adapter_arg(a) for a in adapter_args],
+                     base=str(base_dir))
+    app = create_app(host, ServerSettings(limits=ServeLimits(**limits), api_key=api_key))
+    with ServerThread(app) as srv:
+        yield srv
