@@ -1,0 +1,289 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn) over a ModelHost.
+
+Routes (shapes as the OpenAI API; vLLM's server has the same routes):
+
+    POST /v1/chat/completions    chat completion; ``model`` picks the base or an adapter
+    GET  /v1/models              the base and every adapter (OpenAI list of model objects)
+    GET  /v1/models/{model}      one of them (404 if unknown)
+    GET  /health                 200 {"status": "ok", "models", "queue", "served", "server_errors"}
+                                 once the model is loaded (no API key needed)
+
+With an API key, every /v1 route needs ``Authorization: Bearer <key>`` (401 otherwise), as with
+``vllm serve --api-key``. Every error is ``{"error": {"message", "type", "param", "code"}}``; client
+errors are 4xx (400 invalid request, 401 key, 404 unknown model or route, 405 method, 413 body too
+large, 429 queue full) and a 5xx only means a server bug.
+
+Concurrency: requests are parsed and their images decoded on the event loop's thread pool, then
+queued to a single model worker thread that builds the prompt, selects the adapter and generates,
+one request at a time (the CPU has nothing to gain from overlapping two generations, and the
+adapter selection + generation must not interleave). At most ``limits.max_queue`` requests wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlkit.serve.conversation import SampledIds, build_prompt, parse_messages, remember_completion
+from rlkit.serve.models import ModelHost
+from rlkit.serve.protocol import APIError, ChatRequest, ServeLimits, completion_response, parse_request
+
+log = logging.getLogger(__name__)
+
+#: A body over the limit is read and dropped up to this many bytes, so the client gets the 413 instead
+#: of a reset connection; beyond it the connection is closed after the 413.
+DRAIN_CAP_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    """What the app needs besides the model.
+
+    limits: ServeLimits. api_key: required bearer token for /v1 routes (None: open).
+    num_threads: torch intra-op threads of the model worker (None: torch's default).
+    sampled_ids_capacity: completions remembered for exact re-use of sampled ids
+        (rlkit.serve.conversation; 0 = always re-tokenize assistant messages).
+    """
+
+    limits: ServeLimits
+    api_key: str | None = None
+    num_threads: int | None = None
+    sampled_ids_capacity: int = 16384
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or APIError 413 when it exceeds ``limit`` bytes (see DRAIN_CAP_BYTES)."""
+    declared = request.headers.get("content-length")
+    too_large = APIError(413, f"request body exceeds the limit of {limit} bytes", param=None, code="body_too_large")
+    if declared is not None:
+        try:
+            declared_n = int(declared)
+        except ValueError:
+            raise APIError(400, f"invalid Content-Length header {declared!r}", code="invalid_header") from None
+        if declared_n > DRAIN_CAP_BYTES:
+            raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > DRAIN_CAP_BYTES:
+            break
+    if size > limit:
+        raise too_large
+    return b"".join(chunks)
+
+
+def _check_params(req: ChatRequest, host: ModelHost, limits: ServeLimits) -> None:
+    """Checks that need no prompt: model name, n, max_tokens."""
+    if req.model not in host.names:
+        raise APIError(404, f"the model '{req.model}' does not exist; available: {', '.join(host.names)}",
+                       param="model", code="model_not_found")
+    if (req.n or 1) > limits.max_n:
+        raise APIError(400, f"n={req.n} exceeds the limit of {limits.max_n} choices", param="n", code="invalid_value")
+    for key in ("max_completion_tokens", "max_tokens"):
+        v = getattr(req, key)
+        if v is not None and v > limits.max_tokens:
+            raise APIError(400, f"{key}={v} exceeds the limit of {limits.max_tokens} tokens", param=key,
+                           code="invalid_value")
+
+
+def _sampling(req: ChatRequest, prompt_len: int, model_len: int, limits: ServeLimits):
+    """rlkit SamplingParams for a request (temperature 0 = greedy; OpenAI defaults: temperature 1,
+    top_p 1), or APIError 400 when prompt + max_tokens exceed the context (vLLM's check)."""
+    from rlkit.policy import SamplingParams
+
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    room = model_len - prompt_len
+    if room < 1 or (asked is not None and asked > room):
+        raise APIError(400, f"this model's maximum context length is {model_len} tokens; the messages take "
+                       f"{prompt_len} tokens and {asked or 1} completion tokens were requested",
+                       param="messages", code="context_length_exceeded")
+    max_new = asked if asked is not None else min(limits.default_max_tokens, room)
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else float(req.temperature),
+        top_p=1.0 if req.top_p is None else float(req.top_p),
+        top_k=top_k,
+        max_new_tokens=int(max_new),
+        n=req.n or 1,
+        seed=req.seed,
+    )
+
+
+def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app serving ``host`` (see the module doc for routes, errors and concurrency)."""
+    settings.limits.validate()
+    limits = settings.limits
+    sampled = SampledIds(settings.sampled_ids_capacity) if settings.sampled_ids_capacity > 0 else None
+    chat = host.policy.chat
+    state: dict[str, Any] = {"pending": 0, "served": 0, "server_errors": 0}
+
+    def _init_worker() -> None:
+        if settings.num_threads:
+            import torch
+
+            torch.set_num_threads(int(settings.num_threads))
+
+    worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-model",
+                                                   initializer=_init_worker)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            yield
+        finally:
+            worker.shutdown(wait=True, cancel_futures=True)
+
+    app = FastAPI(title="rlkit policy server", summary="OpenAI-compatible Chat Completions for rlkit policies",
+                  lifespan=lifespan)
+    app.state.host = host
+    app.state.settings = settings
+    app.state.sampled_ids = sampled
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError):
+        return _error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        msg = f"{request.method} {request.url.path}: {err.detail}"
+        return _error_response(APIError(err.status_code, msg, code=kind))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError):
+        return _error_response(APIError(400, f"invalid request: {err.errors()[:1]}", code="invalid_value"))
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, err: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        state["server_errors"] += 1
+        return JSONResponse(APIError(500, f"internal server error ({type(err).__name__})", type="server_error").body(),
+                            status_code=500)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if settings.api_key is not None and request.url.path.startswith("/v1"):
+            got = request.headers.get("authorization", "")
+            scheme, _, token = got.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+                why = "no API key provided (Authorization: Bearer <key>)" if not got else "incorrect API key provided"
+                return _error_response(APIError(401, why, type="authentication_error", code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": host.names, "queue": state["pending"], "served": state["served"],
+                "server_errors": state["server_errors"]}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [host.model_card(n) for n in host.names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id not in host.names:
+            raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
+        return host.model_card(model_id)
+
+    def _prepare(body: bytes):
+        req = parse_request(body)
+        _check_params(req, host, limits)
+        return req, parse_messages(req.messages, limits)
+
+    def _run(req: ChatRequest, turns) -> dict[str, Any]:
+        prompt = build_prompt(chat, turns, sampled)
+        sampling = _sampling(req, len(prompt.input_ids), host.max_model_len, limits)
+        completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling)
+        for c in completions:
+            remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
+        return completion_response(
+            req.model, [(c.text, c.finish_reason) for c in completions], prompt_tokens=len(prompt.input_ids),
+            completion_tokens=sum(len(c.token_ids) for c in completions), fingerprint=host.fingerprint(req.model),
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await _read_body(request, limits.max_body_bytes)
+        req, turns = await anyio.to_thread.run_sync(_prepare, body)
+        if state["pending"] >= limits.max_queue:
+            raise APIError(429, f"the server is busy ({state['pending']} requests queued); retry later",
+                           type="rate_limit_error", code="server_busy")
+        state["pending"] += 1
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(worker, _run, req, turns)
+        finally:
+            state["pending"] -= 1
+        state["served"] += 1
+        return JSONResponse(result)
+
+    return app
+
+
+class ServerThread:
+    """Run an app with uvicorn on a background thread (tests, benchmarks): bind, start, stop.
+
+    ``port=0`` picks a free port; ``url`` is ``http://host:port`` once started. Use as a context
+    manager or call ``start()`` / ``stop()``. Binds ``host`` only (127.0.0.1 by default).
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
+                                                    timeout_graceful_shutdown=10))
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
+                                        name="rlkit-serve", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "ServerThread":
+        """Start serving; returns once uvicorn accepts connections. Raises RuntimeError on timeout."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server on {self.url} did not start within {timeout:.0f}s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask uvicorn to exit, wait for the thread, close the socket."""
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""Compose rlkit's Hydra config for the command-line tools around a run (serve, play, eval).
+
+``compose(overrides, run_dir)`` composes conf/train.yaml as ``python train.py <overrides>`` would
+(the same defaults, groups and typo checks), registers it as the current Hydra config so that
+``${hydra:...}`` interpolations (paths.cache_dir) resolve, and returns it. With a run directory,
+that run's recorded overrides (``.hydra/overrides.yaml``) come first, so its env, policy and rollout
+settings are reproduced; the caller's overrides apply on top.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = ROOT / "conf"
+
+
+class ConfigComposeError(ValueError):
+    """The overrides do not compose; the message names the override and Hydra's reason."""
+
+
+def run_overrides(run_dir: Path | None) -> list[str]:
+    """The task overrides a run was started with (``<run_dir>/.hydra/overrides.yaml``), or []."""
+    if run_dir is None:
+        return []
+    f = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not f.is_file():
+        return []
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(f)]
+
+
+def compose(overrides: Sequence[str] = (), run_dir: Path | None = None):
+    """The composed train config (DictConfig, with its ``hydra`` node) for these overrides.
+
+    Raises: ConfigComposeError naming the overrides, with Hydra's message (unknown key, unknown
+    option of a group, bad value).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    import rlkit.config  # noqa: F401  (registers the schema)
+
+    all_overrides = [*run_overrides(run_dir), *overrides]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name="train", overrides=all_overrides, return_hydra_config=True)
+    except Exception as e:  # hydra raises ConfigCompositionException, OverrideParseException, ...
+        raise ConfigComposeError(f"config overrides {all_overrides} do not compose: {e}") from e
+    HydraConfig.instance().set_config(cfg)
+    if run_dir is not None:
+        _warn_if_env_changed(cfg, Path(run_dir))
+    return cfg
+
+
+def _warn_if_env_changed(cfg, run_dir: Path) -> None:
+    from omegaconf import OmegaConf
+
+    recorded = run_dir / ".hydra" / "config.yaml"
+    if not recorded.is_file():
+        return
+    old = OmegaConf.load(recorded)
+    if "env" not in old:
+        return
+    before = OmegaConf.to_container(old.env, resolve=False)
+    now = OmegaConf.to_container(cfg.env, resolve=False)
+    if before != now:
+        log.warning("env config differs from the one run %s used: %s (run) vs %s (now)", run_dir, before, now)
+
+
+def node(cfg, key: str) -> dict[str, Any]:
+    """A resolved config node as a plain dict (e.g. ``node(cfg, "policy")``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg[key], resolve=True)
+
+
+def instantiate_env(cfg):
+    """The EnvSpec of ``cfg.env`` (rlkit.run.instantiate_plugin: bad keys are a clear ConfigError)."""
+    from rlkit.run import instantiate_plugin
+
+    return instantiate_plugin(cfg.env, "env")

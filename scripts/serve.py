@@ -1,0 +1,148 @@
+"""Serve a policy and its LoRA adapters over an OpenAI-compatible Chat Completions API.
+
+    python scripts/serve.py --adapter outputs/2026-05-01/14-03-22            # a run's final adapter
+    python scripts/serve.py --adapter good=outputs/.../checkpoints/latest --adapter early=outputs/.../checkpoints/step_000010
+    python scripts/serve.py policy=qwen3_vl_8b --adapter maze=/shared/run/adapter --api-key-env RLKIT_API_KEY
+    python scripts/serve.py --adapter outputs/... --print-vllm                # the vllm serve equivalent; starts nothing
+
+The base model is the one the adapters recorded (adapter_config.json), else ``--base`` (a checkpoint
+directory or hub id), else the composed policy config (``policy=tiny_vl`` builds the tiny model).
+Positional arguments are Hydra overrides of conf/train.yaml, as for train.py (``policy=...``,
+``policy.dtype=...``); with an adapter from a run directory, that run's recorded overrides come
+first. Binds 127.0.0.1 unless --host says otherwise. Routes, limits and errors: rlkit/serve/app.py
+and docs/serving.md.
+
+Exit status 2 with the message on stderr when the adapters, base or config are unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rlkit.serve.protocol import ServeLimits  # noqa: E402  (light: pydantic + PIL)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = ServeLimits()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (policy=..., policy.dtype=...)")
+    p.add_argument("--adapter", action="append", default=[], metavar="[NAME=]PATH",
+                   help="adapter dir, run dir (its adapter/ or latest checkpoint), <run>/latest or a checkpoint dir; "
+                        "repeat for several. NAME defaults to the run directory's name")
+    p.add_argument("--base", default=None, help="base checkpoint dir or hub id (default: what the adapters recorded)")
+    p.add_argument("--allow-base-mismatch", action="store_true", help="allow --base to differ from the recorded base")
+    p.add_argument("--base-name", default="base", help="served name of the base model (adapter disabled)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="require 'Authorization: Bearer $VAR' on /v1 routes (the key is read from this env variable)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--max-image-bytes", type=int, default=d.max_image_bytes)
+    p.add_argument("--max-image-pixels", type=int, default=d.max_image_pixels)
+    p.add_argument("--max-images", type=int, default=d.max_images, help="images per request")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="largest max_tokens a request may ask")
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--max-n", type=int, default=d.max_n)
+    p.add_argument("--max-model-len", type=int, default=None, help="prompt + completion tokens (default: the model's)")
+    p.add_argument("--max-queue", type=int, default=d.max_queue, help="waiting requests before 429")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the model worker (default: all cores)")
+    p.add_argument("--no-reuse-sampled-ids", action="store_true",
+                   help="always re-tokenize assistant messages (as vLLM does) instead of reusing the sampled ids")
+    p.add_argument("--print-vllm", action="store_true", help="print the equivalent vllm serve command and exit")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+    from rlkit.serve.config import ConfigComposeError, compose, node
+    from rlkit.serve.models import AdapterError, load_host, parse_adapter_arg, resolve_base
+
+    try:
+        adapters = [parse_adapter_arg(a) for a in args.adapter]
+        run_dir = next((a.run_dir for a in adapters if a.run_dir is not None), None)
+        cfg = compose(args.overrides, run_dir=run_dir)
+        policy_cfg = node(cfg, "policy")
+        limits = ServeLimits(
+            max_body_bytes=args.max_body_bytes, max_image_bytes=args.max_image_bytes,
+            max_image_pixels=args.max_image_pixels, max_images=args.max_images, max_tokens=args.max_tokens,
+            default_max_tokens=args.default_max_tokens, max_n=args.max_n, max_model_len=args.max_model_len,
+            max_queue=args.max_queue,
+        )
+        limits.validate()
+        api_key = None
+        if args.api_key_env:
+            api_key = os.environ.get(args.api_key_env)
+            if not api_key:
+                raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is unset or empty")
+        if args.print_vllm:
+            print(_vllm(args, adapters, policy_cfg, limits))
+            return 0
+        host = load_host(policy_cfg, adapters, base=args.base, base_name=args.base_name,
+                         max_model_len=args.max_model_len, allow_base_mismatch=args.allow_base_mismatch)
+    except (AdapterError, ConfigComposeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from rlkit.serve.app import ServerSettings, create_app
+
+    app = create_app(host, ServerSettings(limits=limits, api_key=api_key, num_threads=args.threads,
+                                          sampled_ids_capacity=0 if args.no_reuse_sampled_ids else 16384))
+    print(f"[rlkit] serving {', '.join(host.names)} on http://{args.host}:{args.port}/v1 "
+          f"(max_model_len {host.max_model_len}{', API key required' if api_key else ''})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _vllm(args, adapters, policy_cfg, limits) -> str:
+    """The vllm serve command (rlkit.serve.vllm) for these arguments, with notes as shell comments."""
+    import json
+
+    from rlkit.serve.models import resolve_base
+    from rlkit.serve.vllm import format_command, vllm_command
+
+    base = resolve_base(args.base, adapters, allow_mismatch=args.allow_base_mismatch) or policy_cfg.get("path")
+    notes = []
+    if base is None:
+        from rlkit.policy.tiny import TinyVLSizes, tiny_checkpoint
+
+        tiny = dict(policy_cfg["tiny"])
+        tiny["deepstack_indexes"] = list(tiny.get("deepstack_indexes", [0]))
+        base = str(tiny_checkpoint(TinyVLSizes(**tiny), seed=policy_cfg.get("seed", 0),
+                                   cache_dir=policy_cfg.get("cache_dir")))
+        notes.append("the tiny policy is a CPU test model; vLLM is meant for Qwen3-VL checkpoints on GPUs")
+    model_len = limits.max_model_len
+    if model_len is None:
+        model_len = 32768
+        cfg_file = Path(os.path.expanduser(str(base))) / "config.json"
+        if cfg_file.is_file():
+            hf = json.loads(cfg_file.read_text())
+            own = (hf.get("text_config") or hf).get("max_position_embeddings")
+            if own:
+                model_len = min(int(own), 32768)
+        notes.append(f"--max-model-len {model_len}: set --max-model-len here to choose another")
+    if policy_cfg.get("image_min_pixels") or policy_cfg.get("image_max_pixels"):
+        notes.append("policy.image_min_pixels/image_max_pixels are not passed on: vLLM uses the checkpoint's "
+                     "preprocessor_config.json bounds")
+    dtype = policy_cfg.get("dtype", "auto")
+    argv = vllm_command(base, args.base_name, adapters, model_len, limits.max_images, host=args.host,
+                        port=args.port, dtype="bfloat16" if dtype == "auto" else dtype, api_key_env=args.api_key_env)
+    head = [f"# {n}" for n in notes]
+    return "\n".join([*head, format_command(argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
