@@ -1,0 +1,124 @@
+"""Evaluate a LoRA adapter (or a run's latest checkpoint) on the env's fixed evaluation set, greedily.
+
+    python scripts/eval.py outputs/2026-05-01/14-03-22                       # the run's adapter, its env
+    python scripts/eval.py outputs/.../checkpoints/latest --num-tasks 16 --out eval16.json
+    python scripts/eval.py /path/to/adapter env=visgym_interactive env.max_turns=18
+    python scripts/eval.py --no-adapter --base /path/to/checkpoint           # the base model alone
+
+This is the evaluation the training loop runs (rlkit.evaluation.evaluate, rlkit.backends.native):
+the base the adapter recorded (adapter_config.json) or ``--base``, wrapped with LoRA of the
+adapter's rank, alpha and target modules, the adapter's weights loaded in place
+(rlkit.policy.lora.load_adapter_inplace, verified tensor by tensor), sampling
+``rollout.eval_temperature`` (0 = greedy) with ``rollout.max_new_tokens`` tokens per turn, the
+first ``--num-tasks`` (default: ``eval.num_tasks``, else all) seeds of ``env``'s evaluation set.
+Config: conf/train.yaml composed with the run's recorded overrides (when the adapter is in a run
+directory) and then the positional Hydra overrides.
+
+Prints the success rate (with the turn budget) and the metrics; ``--out`` writes the per-task
+outcomes (rlkit.evaluation.write_outcomes format, as a run's eval/final.json). Exit status 2 with
+the message on stderr for an unusable adapter, base or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("adapter", nargs="?", default=None,
+                   help="adapter dir, run dir, <run>/latest or a checkpoint dir (see rlkit.serve.models)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (env=..., env.max_turns=...)")
+    p.add_argument("--base", default=None, help="base checkpoint dir or hub id (default: what the adapter recorded)")
+    p.add_argument("--allow-base-mismatch", action="store_true", help="allow --base to differ from the recorded base")
+    p.add_argument("--no-adapter", action="store_true", help="evaluate the base model without an adapter")
+    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: eval.num_tasks)")
+    p.add_argument("--batch-size", type=int, default=64, help="episodes per rollout batch")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
+    return p
+
+
+def load_eval_policy(policy_cfg: dict, adapter, base: str | None, allow_base_mismatch: bool = False):
+    """The policy as the training loop evaluates it: base + LoRA (the adapter's r, alpha, targets)
+    with the adapter loaded in place; or the plain base when ``adapter`` is None.
+
+    Raises: rlkit.serve.models.AdapterError (base mismatch), ValueError (adapter does not fit),
+    rlkit.policy.PolicyLoadError (base not loadable).
+    """
+    from rlkit.policy import load_policy
+    from rlkit.serve.models import resolve_base
+
+    cfg = {k: v for k, v in policy_cfg.items() if k != "_target_"}
+    chosen = resolve_base(base, [adapter] if adapter is not None else [], allow_mismatch=allow_base_mismatch)
+    if adapter is None:
+        return load_policy(**cfg, base_path=chosen, train_mode="full")
+    acfg = adapter.config()
+    targets = acfg.get("target_modules")
+    cfg["lora"] = {**dict(cfg.get("lora") or {}), "enabled": True, "rank": int(acfg["r"]),
+                   "alpha": float(acfg["lora_alpha"]), "dropout": 0.0,
+                   "target_modules": targets if isinstance(targets, str) else sorted(targets)}
+    policy = load_policy(**cfg, base_path=chosen, train_mode="lora")
+    policy.load_adapter(adapter.path)
+    return policy
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    if args.adapter is not None and "=" in args.adapter and not Path(args.adapter).exists():
+        args.overrides.insert(0, args.adapter)  # an override in the adapter's place (with --no-adapter)
+        args.adapter = None
+    if (args.adapter is None) != args.no_adapter:
+        print("error: give an adapter (dir, run dir or checkpoint) or --no-adapter", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from rlkit.evaluation import evaluate, write_outcomes
+    from rlkit.policy import PolicyLoadError, SamplingParams, make_engine
+    from rlkit.run import ConfigError
+    from rlkit.serve.config import ConfigComposeError, compose, instantiate_env, node
+    from rlkit.serve.models import AdapterError, parse_adapter_arg
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        adapter = parse_adapter_arg(args.adapter) if args.adapter else None
+        cfg = compose(args.overrides, run_dir=adapter.run_dir if adapter else None)
+        env_spec = instantiate_env(cfg)
+        policy = load_eval_policy(node(cfg, "policy"), adapter, args.base, args.allow_base_mismatch)
+    except (AdapterError, ConfigComposeError, ConfigError, PolicyLoadError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
+    seeds = env_spec.eval_seeds()
+    seeds = seeds[:num_tasks] if num_tasks else seeds
+    sampling = SamplingParams(temperature=cfg.rollout.eval_temperature, top_p=1.0, top_k=0,
+                              max_new_tokens=cfg.rollout.max_new_tokens, n=1, seed=cfg.seed)
+    t0 = time.time()
+    metrics, per_task, _ = evaluate(env_spec, policy, make_engine(policy), seeds, sampling, policy_version=0,
+                                    batch_size=args.batch_size)
+    metrics["timing/eval"] = time.time() - t0
+    budget = getattr(env_spec, "action_budget", env_spec.max_turns)
+    what = f"adapter {adapter.path}" if adapter else f"base {policy.checkpoint}"
+    print(f"[rlkit] eval success on {env_spec.eval_set_name} ({len(seeds)} tasks, budget {budget}): "
+          f"{metrics['eval/success_rate']:.1%} ({sum(r['success'] for r in per_task)}/{len(seeds)}); {what}")
+    print(json.dumps(metrics, indent=1))
+    if args.out:
+        write_outcomes(Path(args.out), env_spec.eval_set_name, 0, metrics, per_task)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

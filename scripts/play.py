@@ -1,0 +1,119 @@
+"""Play env episodes against an OpenAI-compatible endpoint and report the success rate.
+
+    python scripts/play.py --url http://127.0.0.1:8000/v1 --model maze --num-tasks 64
+    python scripts/play.py --url http://127.0.0.1:8000/v1 --run outputs/2026-05-01/14-03-22     # that run's env
+    python scripts/play.py --url http://gpu-host:8000/v1 --model maze --mode interactive --max-turns 18 --api-key-env RLKIT_API_KEY
+
+Works against scripts/serve.py and ``vllm serve`` alike (official ``openai`` client). The env is
+``env`` of conf/train.yaml composed with the run's recorded overrides (``--run``) and then the
+positional Hydra overrides (``env=visgym_interactive env.max_turns=18``); ``--variant``, ``--mode``,
+``--max-turns`` and ``--parser`` are shorthands for ``env.<key>=...``. Tasks: the first
+``--num-tasks`` seeds of the env's fixed evaluation set (or ``--seeds``). Per turn: ``--max-tokens``
+(default: rollout.max_new_tokens), temperature 0 (greedy) unless ``--temperature``.
+
+With temperature 0 against scripts/serve.py the outcomes equal scripts/eval.py's for the same
+adapter, maze by maze (rlkit/serve/play.py says why). ``--out`` writes them (the format of
+scripts/eval.py --out). ``--model`` may be omitted when the server lists exactly one adapter.
+Exit status 2 for a config error, 1 when the endpoint fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (env=..., env.max_turns=...)")
+    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the endpoint's base URL (ending in /v1)")
+    p.add_argument("--model", default=None, help="served model name (default: the only adapter the server lists)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR", help="send the key in this env variable")
+    p.add_argument("--run", default=None, help="a run directory whose recorded overrides set env and rollout")
+    p.add_argument("--variant", default=None, help="env.variant (easy | hard)")
+    p.add_argument("--mode", default=None, help="env.mode (interactive | plan)")
+    p.add_argument("--max-turns", type=int, default=None, help="env.max_turns")
+    p.add_argument("--parser", default=None, help="env.parser")
+    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: all)")
+    p.add_argument("--seeds", default=None, help="comma-separated task seeds instead of the eval set")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per turn (default: rollout.max_new_tokens)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None, help="base sampling seed (per request seeds derive from it)")
+    p.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
+    return p
+
+
+def pick_model(client, wanted: str | None) -> str:
+    """``wanted``, or the only adapter the endpoint lists (models with a ``parent``), else ValueError."""
+    if wanted:
+        return wanted
+    models = client.models.list().data
+    adapters = [m.id for m in models if getattr(m, "parent", None)]
+    if len(adapters) == 1:
+        return adapters[0]
+    raise ValueError(f"--model is needed: the endpoint lists {[m.id for m in models]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import openai
+
+    from rlkit.evaluation import write_outcomes
+    from rlkit.run import ConfigError
+    from rlkit.serve.config import ConfigComposeError, compose, instantiate_env
+    from rlkit.serve.play import PlayError, play
+
+    overrides = list(args.overrides)
+    for key in ("variant", "mode", "max_turns", "parser"):
+        if getattr(args, key) is not None:
+            overrides.append(f"env.{key}={getattr(args, key)}")
+    try:
+        cfg = compose(overrides, run_dir=Path(args.run) if args.run else None)
+        env_spec = instantiate_env(cfg)
+    except (ConfigComposeError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.seeds:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    else:
+        seeds = env_spec.eval_seeds()
+        seeds = seeds[: args.num_tasks] if args.num_tasks else seeds
+    max_tokens = args.max_tokens or int(cfg.rollout.max_new_tokens)
+    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    client = openai.OpenAI(base_url=args.url, api_key=key or "EMPTY", timeout=args.timeout, max_retries=2)
+    t0 = time.time()
+    try:
+        model = pick_model(client, args.model)
+        metrics, per_task = play(client, model, env_spec, seeds, max_tokens, temperature=args.temperature,
+                                 top_p=args.top_p, sampling_seed=args.seed, concurrency=args.concurrency)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (PlayError, openai.OpenAIError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    metrics["timing/play"] = time.time() - t0
+    budget = getattr(env_spec, "action_budget", env_spec.max_turns)
+    print(f"[rlkit] play success on {env_spec.eval_set_name} ({len(seeds)} tasks, budget {budget}): "
+          f"{metrics['eval/success_rate']:.1%} ({sum(r['success'] for r in per_task)}/{len(seeds)}); "
+          f"model {model} at {args.url}, temperature {args.temperature}")
+    print(json.dumps(metrics, indent=1))
+    if args.out:
+        write_outcomes(Path(args.out), env_spec.eval_set_name, 0, metrics, per_task)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
