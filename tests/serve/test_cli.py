@@ -1,0 +1,102 @@
+"""Command-line tools around serving: adapter/base resolution, --print-vllm, serve.py errors, bench_serve.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from rlkit.serve.models import AdapterError, parse_adapter_arg, resolve_adapter_dir, resolve_base
+from rlkit.serve.vllm import vllm_lora_rank
+
+from .conftest import serving
+from .test_play_eval import load_script
+
+
+def test_adapter_resolution(adapters, run_dir, tmp_path):
+    b = adapters["b"].resolve()
+    a = adapters["a"].resolve()
+    assert resolve_adapter_dir(adapters["a"]) == (a, None)
+    # a run without a final adapter/: its latest checkpoint (step 2 holds b)
+    for src in (run_dir, run_dir / "latest", run_dir / "checkpoints", run_dir / "checkpoints" / "latest"):
+        path, run = resolve_adapter_dir(src)
+        assert path == (run_dir / "checkpoints" / "step_000002" / "adapter").resolve() and run == run_dir.resolve()
+        assert path.joinpath("adapter_model.safetensors").read_bytes() == b.joinpath("adapter_model.safetensors").read_bytes()
+    path, _ = resolve_adapter_dir(run_dir / "checkpoints" / "step_000001")
+    assert path.joinpath("adapter_model.safetensors").read_bytes() == a.joinpath("adapter_model.safetensors").read_bytes()
+    spec = parse_adapter_arg(str(run_dir))
+    assert spec.name == "14-03-22" and spec.run_dir == run_dir.resolve()
+    assert parse_adapter_arg(f"mine={run_dir}/latest").name == "mine"
+    with pytest.raises(AdapterError, match="no such file"):
+        parse_adapter_arg(str(tmp_path / "missing"))
+    with pytest.raises(AdapterError, match="not an adapter directory"):
+        parse_adapter_arg(str(tmp_path))
+    with pytest.raises(AdapterError, match="adapter name"):
+        parse_adapter_arg(f"bad name={adapters['a']}")
+    empty_run = tmp_path / "run"
+    (empty_run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(AdapterError, match="no complete checkpoint"):
+        parse_adapter_arg(str(empty_run))
+
+
+def test_base_resolution(adapters, base_dir, tmp_path):
+    specs = [parse_adapter_arg(f"a={adapters['a']}"), parse_adapter_arg(f"b={adapters['b']}")]
+    assert resolve_base(None, specs) == str(base_dir.resolve())
+    assert resolve_base(str(base_dir), specs) == str(base_dir)
+    with pytest.raises(AdapterError, match="differs from the base"):
+        resolve_base(str(tmp_path), specs)
+    assert resolve_base(str(tmp_path), specs, allow_mismatch=True) == str(tmp_path)
+
+
+def test_print_vllm(adapters, run_dir, capsys, monkeypatch):
+    monkeypatch.setenv("MY_KEY", "secret-value")
+    rc = load_script("serve").main(["--adapter", f"a={adapters['a']}", "--adapter", f"late={run_dir}/latest",
+                                    "--max-model-len", "4096", "--max-images", "18", "--port", "8011",
+                                    "--api-key-env", "MY_KEY", "--print-vllm"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "secret-value" not in out
+    command = " ".join(line for line in out.splitlines() if not line.startswith("#")).replace("\\", " ")
+    argv = shlex.split(command)
+    assert argv[:3] == ["vllm", "serve", argv[2]] and argv[2].endswith("ckpt")  # the base the adapters recorded
+
+    def flag(name: str) -> list[str]:
+        i = argv.index(name)
+        vals = []
+        for v in argv[i + 1:]:
+            if v.startswith("--"):
+                break
+            vals.append(v)
+        return vals
+
+    assert flag("--served-model-name") == ["base"] and flag("--port") == ["8011"]
+    assert "--enable-lora" in argv and flag("--max-lora-rank") == ["8"] and flag("--max-loras") == ["2"]
+    assert flag("--lora-modules") == [f"a={adapters['a'].resolve()}",
+                                      f"late={(run_dir / 'checkpoints' / 'step_000002' / 'adapter').resolve()}"]
+    assert flag("--max-model-len") == ["4096"]
+    assert json.loads(flag("--limit-mm-per-prompt")[0]) == {"image": 18, "video": 0}
+    assert flag("--generation-config") == ["vllm"] and flag("--api-key") == ["$MY_KEY"]
+    assert [vllm_lora_rank(r) for r in (1, 8, 9, 32, 300, 512)] == [8, 8, 16, 32, 320, 512]
+
+
+def test_serve_refuses_bad_input(tmp_path, adapters, capsys):
+    serve = load_script("serve")
+    assert serve.main(["--adapter", str(tmp_path / "nothing"), "--print-vllm"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert serve.main(["--adapter", f"x={adapters['a']}", "--adapter", f"x={adapters['b']}"]) == 2
+    assert "unique" in capsys.readouterr().err
+    assert serve.main(["--adapter", str(adapters["a"]), "--api-key-env", "RLKIT_TEST_UNSET_VAR", "--print-vllm"]) == 2
+    assert serve.main(["policy.nosuchkey=1", "--print-vllm"]) == 2
+    assert "do not compose" in capsys.readouterr().err
+
+
+def test_bench_serve_against_a_server(base_dir, adapters, tmp_path):
+    with serving(base_dir, [f"a={adapters['a']}"]) as srv:
+        report = tmp_path / "bench.json"
+        rc = load_script("bench_serve").main(["--url", f"{srv.url}/v1", "--model", "a", "--requests", "6",
+                                              "--concurrency", "3", "--max-tokens", "8", "--json", str(report)])
+    assert rc == 0
+    r = json.loads(report.read_text())
+    assert r["ok"] == 6 and r["errors"] == 0 and r["requests_per_s"] > 0
+    assert 0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"]
