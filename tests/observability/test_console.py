@@ -1,0 +1,83 @@
+"""Console progress: plain step lines off a terminal, silence in quiet mode, live bars on a terminal
+that end with the final evaluation, nothing per token."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from rlkit.console import Progress
+
+M = {"reward/mean": 0.25, "reward/success_rate": 0.5, "policy/loss": -0.01, "policy/approx_kl": 0.002,
+     "policy/clip_ratio": 0.03, "generate/mean_tokens": 20, "timing/step": 1.5, "timing/rollout": 1.0,
+     "timing/train": 0.4}
+
+
+def test_plain_lines_off_a_terminal(capsys):
+    p = Progress(quiet=False, live=False)
+    p.say("setup 3s")
+    with p.phase("eval", step=0, total=2, detail="4 tasks"):
+        pass
+    p.step(1, 2, M)
+    p.step(2, 2, {**M, "eval/success_rate": 0.75})
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "[rlkit] setup 3s"
+    assert re.match(r"\[rlkit\] step 1/2 \| reward 0\.250 \| success 50\.0% \| loss -0\.0100 \| kl 0\.0020 \| "
+                    r"clip 0\.030 \| tokens 20 \| 1\.5s \(rollout 1\.0s, update 0\.4s\) \| ETA \dm\d\ds$", lines[1]), lines[1]
+    assert lines[2].endswith("EVAL 75.0%")
+    assert len(lines) == 3 and "\x1b" not in out  # one line per step, no escape codes
+    assert "eval" in p.phase_seconds
+
+
+def test_quiet_prints_only_say_lines(capsys):
+    p = Progress(quiet=True)
+    p.step(1, 2, M)
+    p.sft(25, 100, 0.5, 0.1)
+    with p.phase("eval", step=2, total=2):
+        pass
+    p.say("done")
+    assert capsys.readouterr().out == "[rlkit] done\n"
+
+
+def test_sft_lines_every_25_steps(capsys):
+    p = Progress(live=False)
+    for s in range(1, 61):
+        p.sft(s, 60, 1.0 / s, 0.0)
+    assert [ln.split("|")[0].strip() for ln in capsys.readouterr().out.splitlines()] == [
+        "[rlkit] sft step 25/60", "[rlkit] sft step 50/60", "[rlkit] sft step 60/60"]
+
+
+def test_live_display_on_a_terminal_closes_after_the_final_eval():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=140, color_system=None)
+    p = Progress(quiet=False, console=console)
+    assert p.live_enabled
+    p.sft(1, 2, 0.9, 0.0)
+    p.say("SFT warm start: 2 steps")
+    with p.phase("eval", step=0, total=2, detail="4 tasks"):
+        assert p._live is not None and Progress._active is p
+    p.step(1, 2, M)
+    p.step(2, 2, M)
+    with p.phase("eval", step=2, total=2, detail="4 tasks"):
+        pass
+    assert p._live is None and Progress._active is None  # closed by the final eval
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "[rlkit] step 1/2" in text and "[rlkit] step 2/2" in text
+    assert "train" in text and "2/2" in text  # the bar was drawn at least once
+
+
+def test_a_new_job_closes_the_previous_live_display():
+    c1 = Console(file=io.StringIO(), force_terminal=True)
+    c2 = Console(file=io.StringIO(), force_terminal=True)
+    a, b = Progress(console=c1), Progress(console=c2)
+    with a.phase("eval", step=0, total=3):
+        pass
+    assert Progress._active is a
+    with b.phase("eval", step=0, total=3):
+        pass
+    assert Progress._active is b and a._live is None
+    b.close()
+    assert Progress._active is None
