@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -164,3 +167,65 @@ def test_dashboard_queries_metrics_the_run_exports(smoke_run):
     used = _dashboard_metrics()
     assert used, "no ray_rlkit_ metric in the dashboard"
     assert used <= exported, sorted(used - exported)
+
+
+@pytest.mark.slow
+def test_train_job_on_a_local_ray_cluster_exports_its_step_metrics(tmp_path, obs_tmp):
+    """End to end: a private ``ray start --head --metrics-export-port`` cluster, train.py submitted as
+    a Ray Job with the default logger choice (console): the job detects it is a Ray Job entrypoint,
+    connects, and its step metrics appear on the node's Prometheus endpoint while it runs (~1-2 min)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    temp_dir = Path(tempfile.mkdtemp(prefix="rlk-obs-ray-", dir="/tmp"))
+    metrics_port, dash = _free_port(), _free_port()
+    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+           f"--port={_free_port()}", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
+           "--include-dashboard=true", f"--ray-client-server-port={_free_port()}",
+           f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={metrics_port}",
+           "--num-cpus=1", "--num-gpus=0", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    head = subprocess.Popen(cmd, stdout=open(temp_dir / "ray_start.log", "w"), stderr=subprocess.STDOUT,
+                            env=_ray_env(), start_new_session=True)
+    out = tmp_path / "job"
+    found = ""
+    try:
+        url = f"http://127.0.0.1:{dash}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/version", timeout=2)
+                break
+            except OSError:
+                assert head.poll() is None and time.time() < deadline, (temp_dir / "ray_start.log").read_text()[-3000:]
+                time.sleep(1)
+        client = JobSubmissionClient(url)
+        env_vars = {"WANDB_MODE": "offline", "RLKIT_CACHE_DIR": str(obs_tmp / "cache"), "PYTHONPATH": str(ROOT),
+                    "RAY_AUTH_MODE": "disabled"}
+        job = client.submit_job(entrypoint=f"{sys.executable} {ROOT / 'train.py'} experiment=smoke logger=console "
+                                           f"steps=6 hydra.run.dir={out}",
+                                runtime_env={"env_vars": env_vars})
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+                found = "\n".join(ln for ln in body.splitlines() if ln.startswith("ray_rlkit_reward_mean{"))
+            except OSError:
+                pass
+            status = client.get_job_status(job)
+            if found or status in (JobStatus.FAILED, JobStatus.STOPPED):
+                break
+            time.sleep(2)
+        assert found, f"no ray_rlkit_reward_mean while the job ran (status {status}):\n{client.get_job_logs(job)[-3000:]}"
+        assert f'run="{out.parent.name}/job"' in found and 'overrides="experiment=smoke,logger=console,steps=6' in found
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            assert time.time() < deadline
+            time.sleep(2)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED, client.get_job_logs(job)[-3000:]
+        assert json.loads((out / "result.json").read_text())["steps_completed"] == 6
+    finally:
+        if head.poll() is None:
+            head.send_signal(signal.SIGTERM)  # ray start --block stops its node processes on SIGTERM
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                head.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
