@@ -8,7 +8,8 @@ Works against scripts/serve.py and ``vllm serve`` alike (official ``openai`` cli
 ``env`` of conf/train.yaml composed with the run's recorded overrides (``--run``) and then the
 positional Hydra overrides (``env=visgym_interactive env.max_turns=18``); ``--variant``, ``--mode``,
 ``--max-turns`` and ``--parser`` are shorthands for ``env.<key>=...``. Tasks: the first
-``--num-tasks`` seeds of the env's fixed evaluation set (or ``--seeds``). Per turn: ``--max-tokens``
+``--num-tasks`` (default: ``eval.num_tasks``, as scripts/eval.py) seeds of the env's fixed evaluation
+set, or ``--seeds``. Per turn: ``--max-tokens``
 (default: rollout.max_new_tokens), temperature 0 (greedy) unless ``--temperature``.
 
 With temperature 0 against scripts/serve.py the outcomes equal scripts/eval.py's for the same
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None, help="env.mode (interactive | plan)")
     p.add_argument("--max-turns", type=int, default=None, help="env.max_turns")
     p.add_argument("--parser", default=None, help="env.parser")
-    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: all)")
+    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: eval.num_tasks, else all)")
     p.add_argument("--seeds", default=None, help="comma-separated task seeds instead of the eval set")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per turn (default: rollout.max_new_tokens)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -88,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     else:
+        num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
         seeds = env_spec.eval_seeds()
-        seeds = seeds[: args.num_tasks] if args.num_tasks else seeds
+        seeds = seeds[:num_tasks] if num_tasks else seeds
     max_tokens = args.max_tokens or int(cfg.rollout.max_new_tokens)
     key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
     client = openai.OpenAI(base_url=args.url, api_key=key or "EMPTY", timeout=args.timeout, max_retries=2)

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
     from rlkit.serve.config import ConfigComposeError, compose, node
-    from rlkit.serve.models import AdapterError, load_host, parse_adapter_arg, resolve_base
+    from rlkit.serve.models import AdapterError, load_host, parse_adapter_arg
 
     try:
         adapters = [parse_adapter_arg(a) for a in args.adapter]
@@ -114,7 +114,8 @@ def _vllm(args, adapters, policy_cfg, limits) -> str:
     from rlkit.serve.models import resolve_base
     from rlkit.serve.vllm import format_command, vllm_command
 
-    base = resolve_base(args.base, adapters, allow_mismatch=args.allow_base_mismatch) or policy_cfg.get("path")
+    base = resolve_base(args.base, adapters, allow_mismatch=args.allow_base_mismatch, must_exist=False) \
+        or policy_cfg.get("path")
     notes = []
     if base is None:
         from rlkit.policy.tiny import TinyVLSizes, tiny_checkpoint

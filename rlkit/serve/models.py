@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -152,14 +152,16 @@ def _norm_base(b: str) -> str:
     return str(p.resolve()) if p.exists() else b
 
 
-def resolve_base(base: str | None, adapters: Sequence[AdapterSpec], allow_mismatch: bool = False) -> str | None:
+def resolve_base(base: str | None, adapters: Sequence[AdapterSpec], allow_mismatch: bool = False,
+                 must_exist: bool = True) -> str | None:
     """The base checkpoint to load: ``base`` if given, else the one the adapters recorded.
 
     Returns: a local path or hub id; None when neither is known (the policy config decides: its
     ``path`` or the tiny build).
     Raises: AdapterError when the adapters recorded different bases (and no ``base`` is given), when
     ``base`` differs from an adapter's recorded base and ``allow_mismatch`` is false, or when the
-    recorded base is a local path that does not exist here.
+    recorded base is a local path that does not exist here (only with ``must_exist``: a command
+    printed for another machine may name its paths).
     """
     recorded = {a.name: a.recorded_base() for a in adapters}
     if base is None:
@@ -171,7 +173,7 @@ def resolve_base(base: str | None, adapters: Sequence[AdapterSpec], allow_mismat
             return None
         chosen = distinct[0]
         looks_local = os.path.isabs(chosen) or chosen.startswith(".") or chosen.count("/") != 1
-        if looks_local and not Path(chosen).exists():
+        if must_exist and looks_local and not Path(chosen).exists():
             names = [n for n, b in recorded.items() if b]
             raise AdapterError(f"adapter(s) {names} were trained on base {chosen}, which does not exist on this "
                                "machine; pass --base <a copy of that checkpoint>")
@@ -219,7 +221,6 @@ class ModelHost:
     max_model_len: int
     created: int
     engine: Any = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from rlkit.policy import TransformersEngine

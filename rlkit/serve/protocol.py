@@ -99,7 +99,7 @@ class ServeLimits:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null")
+    model_config = ConfigDict(extra="forbid")
 
 
 class TextPart(_Strict):
