@@ -15,7 +15,7 @@ only when ``kl_coef > 0``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -52,6 +52,7 @@ def grpo_update(
     cfg: AlgorithmConfig,
     temperature: float,
     generator: torch.Generator,
+    on_backward: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Run the GRPO update on one step's batch; return policy/* metrics (means over optimizer steps).
 
@@ -61,6 +62,7 @@ def grpo_update(
         trajectories: N trajectories. advantages: [N] float32 (one per sequence).
         cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
         generator: seeds the mini-batch shuffle.
+        on_backward: called after each micro-batch's backward (fault injection in tests).
     """
     keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
     if cfg.filter_zero_variance_groups:
@@ -75,7 +77,7 @@ def grpo_update(
         order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
         for start in range(0, len(order), mini):
             batch = order[start : start + mini]
-            stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature)
+            stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -95,7 +97,8 @@ def grpo_update(
 
 
 def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tensor, batch: list[int],
-                    cfg: AlgorithmConfig, temperature: float) -> dict[str, float]:
+                    cfg: AlgorithmConfig, temperature: float,
+                    on_backward: Callable[[], None] | None = None) -> dict[str, float]:
     """Accumulate gradients of one mini-batch over micro-batches; return its diagnostics."""
     token_level = cfg.loss_reduction == "token_mean"
     total_tokens = sum(trajs[i].num_policy_tokens for i in batch)
@@ -124,6 +127,8 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
             diag["kl"] = kl.detach()
         weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (len(idx) / total_seqs)
         (total * weight).backward()
+        if on_backward is not None:
+            on_backward()
         diag["loss"] = total.detach()
         diag["pg_loss"] = loss.detach()
         diag["entropy"] = ent.detach()

@@ -14,7 +14,7 @@ import os
 import platform
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
 from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
+from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
 from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
@@ -86,18 +87,13 @@ class NativeRun:
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         base_path = self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled else None
-        self.policy = instantiate_plugin(cfg.policy, "policy", base_path=base_path, train_mode="lora")
-        self.engine = make_engine(self.policy)
+        self._build_policy(base_path)
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
             top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
         )
         self.greedy = SamplingParams(temperature=self.rollout_cfg.eval_temperature, top_p=1.0, top_k=0,
                                      max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed)
-        params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(self.algo.adam_betas),
-                                           weight_decay=self.algo.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, self.algo, cfg.steps)
         self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
@@ -112,6 +108,18 @@ class NativeRun:
         )
         seeds = self.env_spec.eval_seeds()
         self.eval_seeds = seeds[: self.eval_cfg.num_tasks] if self.eval_cfg.num_tasks else seeds
+
+    def _build_policy(self, base_path: str | None) -> None:
+        """Hook: ``self.policy``, ``self.engine``, ``self.optimizer`` and ``self.scheduler`` (in this
+        process; backend=native_ray builds the policy on Ray workers and overrides this)."""
+        from rlkit.policy import make_engine
+
+        self.policy = instantiate_plugin(self.cfg.policy, "policy", base_path=base_path, train_mode="lora")
+        self.engine = make_engine(self.policy)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, betas=tuple(self.algo.adam_betas),
+                                           weight_decay=self.algo.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, self.algo, self.cfg.steps)
 
     def _validate(self) -> None:
         cfg = self.cfg
@@ -166,6 +174,7 @@ class NativeRun:
             )
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
+            _truncate_lines(self.metrics_file.path, 0)  # metrics of an earlier attempt are not this run's
             return
         self._check_same_experiment(path)
         self.policy.load_adapter(path / "adapter")
@@ -181,7 +190,8 @@ class NativeRun:
         rng = torch.load(path / "rng.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
         self.shuffle_gen.set_state(rng["shuffle"])
-        self.metrics_file.truncate_after(self.state.step)
+        # drop what was logged after this checkpoint (the lost part of the run), by line count
+        _truncate_lines(self.metrics_file.path, meta.get("metrics_lines", 0))
         self.progress.say(f"resuming from {path} at step {self.state.step}")
 
     def _check_same_experiment(self, path: Path) -> None:
@@ -205,10 +215,12 @@ class NativeRun:
             self.policy.save_adapter(d / "adapter")
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                        d / "optimizer.pt")
+            maybe_crash("checkpoint", step)
             torch.save({"torch": torch.get_rng_state(), "shuffle": self.shuffle_gen.get_state()}, d / "rng.pt")
             meta = {"step": step, "sampler": self.sampler.state_dict(), "run_id": self.state.run_id,
                     "wall_time_s": self.state.wall_time_s, "eval_success_before": self.state.eval_success_before,
-                    "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state())}
+                    "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state()),
+                    "metrics_lines": _count_lines(self.metrics_file.path)}
             (d / "trainer_state.json").write_text(json.dumps(meta, default=_json_default))
             (d / "config.yaml").write_text(cfg_yaml)
 
@@ -220,8 +232,7 @@ class NativeRun:
 
         t0 = time.time()
         with self.progress.phase("eval", step=step, total=self.cfg.steps, detail=f"{len(self.eval_seeds)} tasks"):
-            metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds,
-                                                self.greedy, policy_version=step)
+            metrics, per_task, trajs = self._evaluate(step)
         metrics["timing/eval"] = time.time() - t0
         write_outcomes(self.out / "eval" / f"{tag}.json", self.env_spec.eval_set_name, step, metrics, per_task)
         # the first 8 tasks of the fixed set, so the same mazes can be compared across evaluations
@@ -229,12 +240,32 @@ class NativeRun:
         self.logger.log_table("eval/samples", SAMPLE_COLUMNS, rows, step)
         return metrics
 
+    def _evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
+        """Hook: rlkit.evaluation.evaluate's (metrics, per_task, trajectories) on the fixed set."""
+        return evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds, self.greedy, policy_version=step)
+
+    def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
+        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here)."""
+        trajs = rollout(self.env_spec, self.policy, self.engine, seeds, self.cfg.group_size, sampling,
+                        policy_version=step)
+        return trajs, {}
+
+    def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor) -> dict[str, float]:
+        """Hook: the GRPO update on this step's batch and the LR scheduler step; policy/* metrics."""
+        update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
+                             temperature=self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0,
+                             generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step))
+        self.scheduler.step()
+        return update
+
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timing = self.cfg, {}
         t0 = time.time()
         seeds = self.sampler.sample(cfg.tasks_per_step)
-        trajs = rollout(self.env_spec, self.policy, self.engine, seeds, cfg.group_size, self.sampling,
-                        policy_version=step)
+        # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
+        sampling = replace(self.sampling, seed=cfg.seed * 1_000_003 + step)
+        trajs, rollout_extra = self._rollout(step, seeds, sampling)
+        maybe_crash("rollout", step)
         timing["timing/rollout"] = time.time() - t0
         t1 = time.time()
         rewards_out = [self.reward_fn(t.episode) for t in trajs]
@@ -242,10 +273,7 @@ class NativeRun:
         timing["timing/reward"] = time.time() - t1
         advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
         t2 = time.time()
-        update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
-                             temperature=max(self.rollout_cfg.temperature, 1e-6) if self.rollout_cfg.temperature > 0 else 1.0,
-                             generator=self.shuffle_gen)
-        self.scheduler.step()
+        update = self._update(step, trajs, advantages)
         timing["timing/train"] = time.time() - t2
         metrics = {
             "reward/mean": float(rewards.mean()),
@@ -256,6 +284,7 @@ class NativeRun:
             **rollout_stats(trajs),
             **update,
             **timing,
+            **rollout_extra,
             "timing/step": time.time() - t0,
         }
         return metrics
@@ -286,11 +315,14 @@ class NativeRun:
                 metrics["trainer/wall_time_s"] = self.state.wall_time_s
                 self._log(metrics, step)
                 self.progress.step(step, cfg.steps, metrics)
+                maybe_crash("logged", step)
                 if self.trainer.ckpt_interval and step % self.trainer.ckpt_interval == 0 and step != cfg.steps:
                     self._save(step)
+            # the final checkpoint precedes the final eval, so a run killed during that eval (or rerun
+            # after it) evaluates once more and logs exactly what an uninterrupted run logs
+            self._save(self.state.step)
             final = self._eval(self.state.step, "final")
             self._log(final, self.state.step)
-            self._save(self.state.step)
             adapter_dir = self.out / "adapter"
             self.policy.save_adapter(adapter_dir)
             self.logger.log_artifact(adapter_dir, name=f"adapter-{self.state.run_id or 'run'}", kind="lora_adapter")
@@ -321,6 +353,24 @@ class NativeRun:
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_file.write(metrics, step)
         self.logger.log(metrics, step)
+
+
+def _count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for ln in f if ln.endswith(b"\n"))
+
+
+def _truncate_lines(path: Path, n: int) -> None:
+    """Keep the first ``n`` complete lines of ``path`` (a torn last line is dropped too)."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        lines = [ln for ln in f if ln.endswith(b"\n")][:n]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(lines))
+    os.replace(tmp, path)
 
 
 def _component_means(outs: list[Any]) -> dict[str, float]:

@@ -1,0 +1,102 @@
+"""Headline benchmark: the default main job from its SFT warm start to >= 95% greedy success.
+
+Runs ``train.py`` (the default config unless overrides are given) once per seed in a subprocess,
+then reads each run's metrics.jsonl and prints the evaluation curve: greedy success on the fixed
+evaluation set vs GRPO step and vs training wall time (seconds, SFT excluded: it is cached and
+reported separately), the first step/time at which the target is reached, and writes
+``headline.json`` (+ ``headline.png`` when matplotlib is available) in the output folder.
+
+    .venv/bin/python scripts/bench_headline.py --seeds 0 1 2 --out runs/headline
+    .venv/bin/python scripts/bench_headline.py --out runs/headline_interactive -- env=visgym_interactive
+
+Not a test: timings depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def curve(run_dir: Path) -> list[dict]:
+    """[{step, wall_time_s, success}] for every evaluation of a run (step 0 = before training)."""
+    rows, wall = [], {0: 0.0}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "trainer/wall_time_s" in m:
+            wall[m["step"]] = m["trainer/wall_time_s"]
+        if "eval/success_rate" in m:
+            rows.append({"step": m["step"], "success": m["eval/success_rate"]})
+    for r in rows:
+        r["wall_time_s"] = wall.get(r["step"], max(wall.values()))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--out", default="runs/headline")
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for train.py (after --)")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"overrides": args.overrides, "target": args.target, "runs": []}
+    for seed in args.seeds:
+        run_dir = out / f"seed{seed}"
+        cmd = [sys.executable, str(ROOT / "train.py"), f"seed={seed}", "logger=console", *args.overrides,
+               f"hydra.run.dir={run_dir}"]
+        print("+", " ".join(cmd), flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, WANDB_MODE="offline"))
+        total = time.time() - t0
+        result = json.loads((run_dir / "result.json").read_text())
+        rows = curve(run_dir)
+        hit = next((r for r in rows if r["success"] >= args.target), None)
+        sft = None
+        for p in sorted((Path(os.environ.get("RLKIT_CACHE_DIR", ROOT / ".cache")) / "sft").glob("*/sft_summary.json")):
+            sft = json.loads(p.read_text())
+        report["runs"].append({"seed": seed, "result": result, "curve": rows, "process_wall_s": total,
+                               "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")}})
+        print(f"\nseed {seed}: success {result['eval_success_before']:.1%} -> {result['eval_success_after']:.1%} "
+              f"({result['steps_completed']} steps, {result['wall_time_s']:.0f}s training)")
+        print(f"{'step':>6} {'train s':>8} {'success':>8}")
+        for r in rows:
+            print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}")
+        print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no")
+    (out / "headline.json").write_text(json.dumps(report, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for run in report["runs"]:
+            steps = [r["step"] for r in run["curve"]]
+            walls = [r["wall_time_s"] / 60 for r in run["curve"]]
+            succ = [100 * r["success"] for r in run["curve"]]
+            axes[0].plot(steps, succ, marker="o", label=f"seed {run['seed']}")
+            axes[1].plot(walls, succ, marker="o", label=f"seed {run['seed']}")
+        for ax, xl in zip(axes, ["GRPO step", "training wall time (min)"]):
+            ax.axhline(100 * args.target, color="gray", ls="--", lw=1)
+            ax.set_xlabel(xl)
+            ax.set_ylabel("greedy success on the eval set (%)")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "headline.png", dpi=110)
+    except ImportError:
+        pass
+    print(f"\nwritten: {out / 'headline.json'}")
+
+
+if __name__ == "__main__":
+    main()
