@@ -1,0 +1,257 @@
+"""The GRPO update split across data-parallel trainer ranks, equal to the single-rank update.
+
+Single rank (rlkit.update.grpo_update): keep the sequences with policy tokens (and, with
+``filter_zero_variance_groups``, a non-zero advantage); per epoch shuffle them with the run's
+generator, cut mini-batches of ``mini_batch_size`` (one optimizer step each), accumulate each
+mini-batch's gradient over micro-batches of ``micro_batch_size`` with weights that make the sum the
+gradient of the mini-batch loss: token_mean weighs a micro-batch by its share of the mini-batch's
+policy tokens, the sequence reductions by its share of sequences.
+
+Here (same result, up to float summation order):
+
+1. ``plan_update`` (the driver) filters and shuffles exactly like grpo_update, drawing from the same
+   generator in the same way (one ``torch.randperm`` per epoch, none when nothing is kept), so the
+   checkpointed shuffle state evolves as in a single-process run. Each mini-batch is split into
+   ``world_size`` contiguous shares whose sizes differ by at most one (N / world_size sequences per
+   rank), and carries the mini-batch's global token and sequence counts.
+2. ``sharded_grpo_update`` (every rank) runs its share in micro-batches, weighting each by the
+   *global* counts, so the per-rank gradients add up to the single-rank gradient; FSDP's
+   reduce-scatter sums them (rlkit.distributed.fsdp sets SUM). FSDP2's collectives need every rank
+   to run the same number of forwards: a rank with fewer micro-batches runs filler micro-batches
+   (a real sequence of the mini-batch, weight 0). Gradients are synchronised only after the last
+   micro-batch (``set_requires_gradient_sync``). The gradient norm is clipped over the sharded
+   (DTensor) gradients; the optimizer step updates the shards.
+3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
+   gives the single-rank diagnostic of the mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlkit.algorithms import grpo
+from rlkit.config import AlgorithmConfig
+from rlkit.rollout import Trajectory, to_tensor
+
+
+@dataclass
+class RankStep:
+    """One optimizer step (mini-batch) as one rank runs it.
+
+    indices: this rank's sequences (global trajectory indices, may be empty).
+    filler: a sequence of the mini-batch run with weight 0 when this rank has fewer micro-batches.
+    total_tokens: policy tokens of the whole mini-batch (all ranks). total_seqs: its sequences.
+    num_micro: micro-batches every rank runs for this mini-batch.
+    """
+
+    indices: list[int]
+    filler: int
+    total_tokens: int
+    total_seqs: int
+    num_micro: int
+
+
+@dataclass
+class RankPayload:
+    """Everything one rank needs for one GRPO step's update.
+
+    steps: the optimizer steps in order. trajectories / advantages: the sequences this rank runs
+    (its shares and fillers), by global index; advantages are floats (one per sequence).
+    """
+
+    rank: int
+    steps: list[RankStep] = field(default_factory=list)
+    trajectories: dict[int, Trajectory] = field(default_factory=dict)
+    advantages: dict[int, float] = field(default_factory=dict)
+
+
+def split_even(items: list[Any], parts: int) -> list[list[Any]]:
+    """``items`` cut into ``parts`` contiguous lists whose lengths differ by at most one (earlier ones longer)."""
+    q, r = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        n = q + (1 if k < r else 0)
+        out.append(items[start : start + n])
+        start += n
+    return out
+
+
+def plan_update(
+    trajectories: list[Trajectory],
+    advantages: torch.Tensor,
+    cfg: AlgorithmConfig,
+    world_size: int,
+    generator: torch.Generator,
+) -> list[RankPayload] | None:
+    """Split one step's update across ``world_size`` ranks (module doc, step 1).
+
+    Args: trajectories: N. advantages: [N] float. cfg: the algorithm config. generator: the run's
+    shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it).
+
+    Returns: one RankPayload per rank, or None when no sequence is kept (the update is skipped,
+    as grpo_update's ``policy/skipped``; the generator is not drawn from).
+    """
+    keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
+    if cfg.filter_zero_variance_groups:
+        keep = [i for i in keep if float(advantages[i]) != 0.0]
+    if not keep:
+        return None
+    mini = cfg.mini_batch_size or len(keep)
+    micro = max(cfg.micro_batch_size, 1)
+    payloads = [RankPayload(rank=r) for r in range(world_size)]
+    for _ in range(cfg.update_epochs):
+        order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
+        for start in range(0, len(order), mini):
+            batch = order[start : start + mini]
+            shares = split_even(batch, world_size)
+            total_tokens = sum(trajectories[i].num_policy_tokens for i in batch)
+            num_micro = max(math.ceil(len(s) / micro) for s in shares)
+            for r, share in enumerate(shares):
+                filler = share[0] if share else batch[0]
+                payloads[r].steps.append(RankStep(list(share), filler, total_tokens, len(batch), num_micro))
+                for i in [*share, filler]:
+                    payloads[r].trajectories[i] = trajectories[i]
+                    payloads[r].advantages[i] = float(advantages[i])
+    return payloads
+
+
+def sharded_grpo_update(
+    policy: Any,
+    root: Any,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    payload: RankPayload,
+    cfg: AlgorithmConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """Run this rank's part of the GRPO update (module doc, steps 2-3); collective, all ranks call.
+
+    Args:
+        policy: the rank's Policy (``logprobs``, ``reference``), its model sharded by
+            rlkit.distributed.fsdp.shard_policy; ``root`` is that FSDP root module.
+        optimizer / params: the optimizer over the sharded trainable parameters (in order).
+        payload: this rank's plan (plan_update). cfg: algorithm config. temperature: the sampling
+            temperature (logprobs of logits / T).
+
+    Returns: the same policy/* metrics as grpo_update (means over optimizer steps), identical on
+    every rank.
+
+    Raises:
+        FloatingPointError: non-finite gradient norm (raised on every rank; gradients cleared).
+        RuntimeError: some ranks' micro-batch has images and others' does not (the vision blocks'
+            collectives would not match).
+    """
+    from rlkit.distributed.fsdp import clip_grad_norm
+
+    token_level = cfg.loss_reduction == "token_mean"
+    micro = max(cfg.micro_batch_size, 1)
+    totals: dict[str, float] = {}
+    n_opt = 0
+    for step in payload.steps:
+        sums: dict[str, float] = {}
+        maxes: dict[str, float] = {}
+        chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
+        for m in range(step.num_micro):
+            is_filler = m >= len(chunks)
+            idx = [step.filler] if is_filler else chunks[m]
+            seqs = [payload.trajectories[i] for i in idx]
+            _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
+            root.set_requires_gradient_sync(m == step.num_micro - 1)
+            logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
+            device = logprobs.device
+            mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]
+            old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32).to(device)  # [n, T]
+            adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32, device=device)  # [n]
+            loss, diag = grpo.policy_loss(
+                logprobs, old, adv, mask,
+                eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
+                clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
+            )
+            ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
+            total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
+            if cfg.kl_coef > 0:
+                with torch.no_grad(), policy.reference():
+                    ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False)
+                kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
+                total = total + cfg.kl_coef * kl
+                diag["kl"] = kl.detach()
+            if is_filler:
+                weight = 0.0
+            elif token_level:
+                weight = float(mask.sum()) / max(step.total_tokens, 1)
+            else:
+                weight = len(idx) / step.total_seqs
+            (total * weight).backward()
+            diag["loss"] = total.detach()
+            diag["pg_loss"] = loss.detach()
+            diag["entropy"] = ent.detach()
+            for k, v in diag.items():
+                if k.endswith("_max"):
+                    maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
+                else:
+                    sums[k] = sums.get(k, 0.0) + float(v) * weight
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stats = _all_reduce_stats(sums, maxes)
+        stats["grad_norm"] = grad_norm
+        for k, v in stats.items():
+            key = "policy/clip_ratio" if k == "clip_fraction" else f"policy/{k}"
+            totals[key] = totals.get(key, 0.0) + v
+        n_opt += 1
+    out = {k: v / n_opt for k, v in totals.items()}
+    out["policy/optimizer_steps"] = float(n_opt)
+    out["policy/lr"] = optimizer.param_groups[0]["lr"]
+    return out
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _comm_device() -> torch.device:
+    """Where small collective tensors live: the GPU for NCCL, the CPU for gloo."""
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _check_same_modality(has_images: bool) -> None:
+    """Raise on every rank when some ranks' micro-batch has images and others' has none."""
+    if _world() == 1:
+        return
+    flag = torch.tensor([1.0 if has_images else 0.0, -1.0 if has_images else 0.0], dtype=torch.float64,
+                        device=_comm_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # [any has images, -(all have images)]
+    if float(flag[0]) != -float(flag[1]):
+        raise RuntimeError(
+            "FSDP ranks disagree on whether this micro-batch has images (the vision blocks' collectives "
+            "would not match); an env whose episodes mix text-only and image observations needs "
+            "backend.num_workers=1"
+        )
+
+
+def _all_reduce_stats(sums: dict[str, float], maxes: dict[str, float]) -> dict[str, float]:
+    """SUM-reduce ``sums`` and MAX-reduce ``maxes`` over the ranks (keys are the same on every rank)."""
+    out = dict(sums)
+    out.update(maxes)
+    if _world() == 1:
+        return out
+    skeys, mkeys = sorted(sums), sorted(maxes)
+    if skeys:
+        t = torch.tensor([sums[k] for k in skeys], dtype=torch.float64, device=_comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        out.update({k: float(v) for k, v in zip(skeys, t.tolist())})
+    if mkeys:
+        t = torch.tensor([maxes[k] for k in mkeys], dtype=torch.float64, device=_comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out.update({k: float(v) for k, v in zip(mkeys, t.tolist())})
+    return out
