@@ -1,0 +1,103 @@
+"""Fixtures for the distributed tests: a tiny Qwen3-VL checkpoint, a 2-CPU local Ray instance.
+
+Ray: RAY_AUTH_MODE is set explicitly (Ray 2.60 turns on token auth otherwise) and RAY_ADDRESS /
+RAY_API_SERVER_ADDRESS are removed, so ``ray.init(address="local")`` starts a private instance and
+never joins someone else's cluster; it is shut down when the session's tests are done.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+#: Sizes as in tests/policy (TEST_SIZES): small enough for 2 shared CPU cores.
+SIZES = dict(text_hidden=64, text_layers=2, text_heads=2, text_kv_heads=1, head_dim=32, text_intermediate=128,
+             vision_hidden=32, vision_depth=2, vision_heads=1, vision_intermediate=64, deepstack_indexes=[1])
+LORA = {"rank": 4, "alpha": 8}
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
+
+    return build_tiny_policy(tmp_path_factory.mktemp("dist_tiny") / "ckpt", TinyVLSizes(**SIZES), seed=0)
+
+
+@pytest.fixture(scope="session")
+def policy_node(tiny_ckpt):
+    """A conf/policy node (plain dict) for the tiny checkpoint, as the backend hands it to workers."""
+    return {"_target_": "rlkit.policy.load_policy", "name": "dist_test", "path": str(tiny_ckpt), "device": "cpu",
+            "lora": dict(LORA)}
+
+
+@pytest.fixture(scope="session")
+def env_node():
+    return {"_target_": "envs.visgym.VisGymMaze", "variant": "easy", "mode": "plan", "parser": "plan", "max_turns": 18}
+
+
+@pytest.fixture
+def make_policy(tiny_ckpt):
+    from rlkit.policy import load_policy
+
+    def _make():
+        return load_policy(name="dist_test", path=str(tiny_ckpt), device="cpu", lora=dict(LORA))
+
+    return _make
+
+
+def ray_env_clean() -> dict[str, str | None]:
+    """Set RAY_ENV, drop RAY_ADDRESS / RAY_API_SERVER_ADDRESS; return the previous values."""
+    keys = list(RAY_ENV) + ["RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"]
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update(RAY_ENV)
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+    return before
+
+
+def ray_env_restore(before: dict[str, str | None]) -> None:
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private local Ray instance with 2 logical CPUs (one per bundle); shut down after the module."""
+    import ray
+
+    before = ray_env_clean()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    ray_env_restore(before)
+
+
+def perturb_lora(model, seed: int, scale: float = 0.3) -> None:
+    """Random values in every LoRA tensor (a trained-looking adapter: B != 0, so A gets gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+@pytest.fixture
+def compose_config():
+    """Hydra's compose of conf/train.yaml with overrides (tests/backends' helper)."""
+    from tests.backends.conftest import compose_cfg
+
+    return compose_cfg

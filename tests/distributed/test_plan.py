@@ -1,0 +1,102 @@
+"""The driver's side of the data-parallel update and the backend's settings (no Ray needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from rlkit.config import AlgorithmConfig
+from rlkit.distributed.runtime import RaySettings
+from rlkit.distributed.update import plan_update, split_even
+
+
+@dataclass
+class _Traj:
+    tokens: int
+    image_inputs: tuple = ()
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return self.tokens
+
+
+def test_split_even():
+    assert split_even(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert split_even([1], 3) == [[1], [], []]
+    assert split_even([], 2) == [[], []]
+
+
+def test_plan_shuffles_like_grpo_update_and_splits_each_minibatch():
+    trajs = [_Traj(t) for t in (3, 0, 5, 2, 7, 1, 4)]  # sequence 1 has no policy tokens
+    adv = torch.tensor([1.0, 0.5, -1.0, 0.0, 0.3, -0.2, 0.9])
+    cfg = AlgorithmConfig(update_epochs=2, mini_batch_size=4, micro_batch_size=1)
+    gen = torch.Generator().manual_seed(0)
+    plan = plan_update(trajs, adv, cfg, world_size=2, generator=gen)
+    # the same draws as rlkit.update.grpo_update: one randperm of the kept sequences per epoch
+    ref = torch.Generator().manual_seed(0)
+    keep = [0, 2, 3, 4, 5, 6]
+    orders = [[keep[j] for j in torch.randperm(len(keep), generator=ref).tolist()] for _ in range(2)]
+    assert gen.get_state().equal(ref.get_state())
+    minibatches = [o[s : s + 4] for o in orders for s in range(0, 6, 4)]
+    assert len(plan) == 2 and all(len(p.steps) == len(minibatches) == 4 for p in plan)
+    for k, batch in enumerate(minibatches):
+        r0, r1 = plan[0].steps[k], plan[1].steps[k]
+        assert r0.indices + r1.indices == batch  # contiguous shares, in order
+        assert abs(len(r0.indices) - len(r1.indices)) <= 1
+        assert r0.total_tokens == r1.total_tokens == sum(trajs[i].tokens for i in batch)
+        assert r0.total_seqs == len(batch) and r0.num_micro == r1.num_micro == max(len(r0.indices), len(r1.indices))
+        for r in (r0, r1):
+            assert r.filler in batch
+    for p in plan:
+        needed = {i for s in p.steps for i in [*s.indices, s.filler]}
+        assert set(p.trajectories) == needed == set(p.advantages)
+
+
+def test_plan_skips_when_nothing_is_kept_without_drawing():
+    trajs = [_Traj(2), _Traj(3)]
+    cfg = AlgorithmConfig(filter_zero_variance_groups=True)
+    gen = torch.Generator().manual_seed(1)
+    state = gen.get_state()
+    assert plan_update(trajs, torch.zeros(2), cfg, 2, gen) is None
+    assert gen.get_state().equal(state)
+
+
+def test_more_ranks_than_sequences_gives_filler_only_ranks():
+    trajs = [_Traj(4), _Traj(6)]
+    plan = plan_update(trajs, torch.tensor([1.0, -1.0]), AlgorithmConfig(micro_batch_size=4), 3, torch.Generator())
+    assert [len(p.steps[0].indices) for p in plan] == [1, 1, 0]
+    assert plan[2].steps[0].num_micro == 1 and plan[2].steps[0].filler in (0, 1)
+
+
+def test_settings_layout_and_errors():
+    colo = RaySettings(num_workers=2, colocate=True, cpus_per_worker=1)
+    assert colo.num_rollout_workers == 2 and colo.bundles() == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert [colo.rollout_bundle(j) for j in range(2)] == [0, 1]
+    assert colo.actor_resources() == {"num_cpus": 0.5, "num_gpus": 0.0}
+    sep = RaySettings(num_workers=2, num_rollout_workers=1, colocate=False, cpus_per_worker=2, gpus_per_worker=1)
+    assert sep.bundles() == [{"CPU": 2.0, "GPU": 1.0}] * 3 and sep.rollout_bundle(0) == 2
+    assert sep.actor_resources() == {"num_cpus": 2.0, "num_gpus": 1.0}
+    assert sep.device_type == "cuda" and sep.use_mixed_precision and sep.threads_per_actor == 2
+    assert not colo.use_mixed_precision and colo.device_type == "cpu"
+    for bad, match in [(dict(num_workers=0), "num_workers"), (dict(placement_strategy="TIGHT"), "placement_strategy"),
+                       (dict(keep_versions=0), "keep_versions"), (dict(mixed_precision=True), "needs GPUs")]:
+        with pytest.raises(ValueError, match=match):
+            RaySettings(**bad).validate()
+
+
+def test_backend_config_composes_and_refuses_bad_keys(compose_config):
+    from hydra.utils import instantiate
+
+    from rlkit.backends.ray_native import RayNativeBackend
+    from rlkit.run import ConfigError, instantiate_plugin
+
+    cfg = compose_config(["backend=native_ray", "backend.num_workers=2", "backend.colocate=false"])
+    backend = instantiate(cfg.backend)
+    assert isinstance(backend, RayNativeBackend)
+    assert backend.settings.num_workers == 2 and backend.settings.num_rollout_workers == 2 and not backend.settings.colocate
+    with pytest.raises(ConfigError, match="num_worker"):
+        instantiate_plugin(compose_config(["backend=native_ray", "+backend.num_worker=2"]).backend, "backend")
+    with pytest.raises(ConfigError, match="needs GPUs"):
+        instantiate_plugin(compose_config(["backend=native_ray", "backend.mixed_precision=true"]).backend, "backend")

@@ -1,0 +1,154 @@
+"""2 FSDP2 trainer ranks (gloo) + 2 rollout workers as Ray actors on CPU, against a single-process run.
+
+One cluster for the module (start-up is most of the cost): trainer rank r and rollout worker r share
+bundle r of a 2-bundle placement group (colocate=true, half a CPU each).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlkit.config import AlgorithmConfig
+from rlkit.distributed.cluster import RayCluster
+from rlkit.distributed.runtime import RaySettings
+from rlkit.distributed.workers import RolloutSpec, TrainerSpec
+from rlkit.policy import PromptInput, SamplingParams, make_engine
+from rlkit.policy.lora import lora_state_dict, load_adapter_inplace, save_adapter
+from rlkit.rollout import rollout
+from rlkit.sync import SyncError, version_dir
+from rlkit.update import grpo_update
+from tests.distributed.conftest import perturb_lora
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+# mini-batches of 3 over 6 sequences split 2/1 across the ranks, micro-batches of 1: rank 1 runs a
+# filler micro-batch; clipping, the KL term (reference = adapter off) and the entropy bonus all active
+ALGO = AlgorithmConfig(mini_batch_size=3, micro_batch_size=1, max_grad_norm=0.1, kl_coef=0.05, entropy_coef=0.01,
+                       loss_reduction="token_mean")
+LR = 2e-2
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_local, policy_node, env_node, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared") / "lora_sync" / "run"
+    settings = RaySettings(num_workers=2, num_rollout_workers=2, colocate=True, cpus_per_worker=1,
+                           sync_timeout_s=3.0, keep_versions=3, startup_timeout_s=300)
+    common = dict(policy=policy_node, base_path=None, sync_root=str(root), threads=1, device_type="cpu")
+    c = RayCluster(settings, TrainerSpec(algorithm=ALGO, lr=LR, keep_versions=3, mixed_precision=False,
+                                         dist_timeout_s=120, **common),
+                   RolloutSpec(env=env_node, sync_timeout_s=3.0, **common))
+    c.start()
+    c.sync_root = root
+    yield c
+    c.shutdown()
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def _prompt(policy) -> PromptInput:
+    from tests.policy.conftest import maze_image
+
+    tt = policy.chat.user_turn("Which way to the goal?", [maze_image(7)], system="You are in a maze.", first=True)
+    return PromptInput(input_ids=tt.input_ids, **policy.chat.concat_images(tt.image_inputs))
+
+
+def test_two_ranks_and_two_rollout_workers_match_single_process(cluster, make_policy, env_node, tmp_path):
+    from envs.visgym import VisGymMaze
+
+    env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
+    # both sides start from the same non-trivial adapter (resume path: load a saved adapter into the shards)
+    local = make_policy()
+    perturb_lora(local.model, seed=5)
+    save_adapter(local.model, tmp_path / "init", version=0)
+    cluster.load_adapter(tmp_path / "init")
+    cluster.publish(0)
+    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) == 0.0
+    greedy_probe = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
+    before = cluster.generate([_prompt(local)], greedy_probe, version=0)[0][0]
+
+    # rollout on 2 workers: chunks [11, 12] and [13], gathered in order, groups contiguous, version recorded
+    seeds, g = [11, 12, 13], 2
+    trajs, info = cluster.rollout(seeds, g, SAMPLING, version=0)
+    assert [t.group for t in trajs] == [0, 0, 1, 1, 2, 2]
+    assert [t.episode.seed for t in trajs] == [11, 11, 12, 12, 13, 13]
+    assert all(t.policy_version == 0 for t in trajs) and info["sync/version"] == 0.0
+    engine = make_engine(local)
+    ref = rollout(env, local, engine, [11, 12], g, SAMPLING, 0)
+    ref += rollout(env, local, engine, [13], g, RayCluster.worker_sampling(SAMPLING, 1), 0)
+    assert [t.input_ids for t in trajs] == [t.input_ids for t in ref]
+    assert [t.sampling_logprobs for t in trajs] == [t.sampling_logprobs for t in ref]
+
+    # 2 GRPO steps on the same fixed trajectories: 2 FSDP ranks vs grpo_update in this process
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(ALGO.adam_betas), weight_decay=ALGO.weight_decay)
+    gen_dist, gen_local = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    for step in (1, 2):
+        m_dist = cluster.update(trajs, adv, ALGO, 1.0, gen_dist, LR, version=step)
+        m_local = grpo_update(local, opt, trajs, adv, ALGO, temperature=1.0, generator=gen_local)
+        for key in ("policy/loss", "policy/pg_loss", "policy/kl", "policy/entropy", "policy/grad_norm",
+                    "policy/approx_kl", "policy/clip_ratio", "policy/ratio_max"):
+            assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (step, key, m_dist[key], m_local[key])
+        assert m_dist["policy/optimizer_steps"] == m_local["policy/optimizer_steps"] == 2.0
+        assert m_dist["sync/published_version"] == step
+        # the published version holds exactly the weights this step produced
+        published = load_file(str(version_dir(cluster.sync_root, step) / "adapter_model.safetensors"))
+        assert _max_diff(published, lora_state_dict(local.model)) <= TOL, step
+    assert m_local["policy/grad_norm"] > ALGO.max_grad_norm  # clipping was exercised
+    assert gen_dist.get_state().equal(gen_local.get_state())  # the shuffle stream advanced identically
+    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
+    # sharded AdamW state, gathered, equals the single-process optimizer's
+    full = cluster.optimizer_state()
+    local_state = opt.state_dict()["state"]
+    assert sorted(full) == sorted(local_state)
+    for i in local_state:
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert float((full[i][k] - local_state[i][k]).abs().max()) <= TOL, (i, k)
+
+    # the adapter reaches the engine: logprobs change after the sync and equal a fresh model's with v2
+    after = cluster.generate([_prompt(local)], greedy_probe, version=2)[0][0]
+    assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
+    fresh = make_policy()
+    load_adapter_inplace(fresh.model, version_dir(cluster.sync_root, 2))
+    expect = make_engine(fresh).generate([_prompt(fresh)], greedy_probe)[0][0]
+    assert after.token_ids == expect.token_ids
+    assert max(abs(a - b) for a, b in zip(after.logprobs, expect.logprobs)) <= TOL
+    # trajectories sampled now record the step whose update produced the weights
+    trajs2, info2 = cluster.rollout([21, 22], 2, SAMPLING, version=2)
+    assert all(t.policy_version == 2 for t in trajs2) and info2["sync/version"] == 2.0
+
+    # a version older than the live one is refused; a version never published is refused after the wait
+    with pytest.raises(SyncError, match="older than the live version"):
+        cluster.rollout([21], 2, SAMPLING, version=1)
+    with pytest.raises(SyncError, match="missing"):
+        cluster.sync(3)
+
+
+@pytest.mark.parametrize("reduction", ["seq_mean_token_mean", "seq_mean_token_sum"])
+def test_sequence_reductions_and_epochs_match_single_process(cluster, make_policy, env_node, tmp_path, reduction):
+    """Sequence-level reductions (weights by global sequence counts), 2 epochs, whole-batch
+    mini-batches, micro-batches of 2, a zero-variance group filtered out."""
+    from envs.visgym import VisGymMaze
+
+    env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
+    algo = AlgorithmConfig(update_epochs=2, mini_batch_size=None, micro_batch_size=2, max_grad_norm=0.2,
+                           loss_reduction=reduction, filter_zero_variance_groups=True)
+    local = make_policy()
+    perturb_lora(local.model, seed=8)
+    save_adapter(local.model, tmp_path / "init", version=0)
+    cluster.load_adapter(tmp_path / "init")
+    cluster.set_optimizer_state({})  # a fresh AdamW on every rank, as on this side
+    trajs = rollout(env, local, make_engine(local), [31, 32, 33, 34], 2, SAMPLING, 0)
+    adv = torch.tensor([0.7, -0.7, 0.0, 0.0, 1.0, -1.0, -0.3, 0.3])  # the second group carries no signal
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    gen_dist, gen_local = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=10)
+    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local)
+    for key in ("policy/loss", "policy/grad_norm", "policy/entropy", "policy/approx_kl"):
+        assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
+    assert m_dist["policy/optimizer_steps"] == 2.0
+    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
