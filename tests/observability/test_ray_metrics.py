@@ -93,7 +93,9 @@ _DRIVER = textwrap.dedent("""
         time.sleep(0.2)
     print("READY", flush=True)
     import os, threading
-    threading.Timer(float(sys.argv[3]), lambda: os._exit(3)).start()  # failsafe if the test dies
+    failsafe = threading.Timer(float(sys.argv[3]), lambda: os._exit(3))  # if the test dies
+    failsafe.daemon = True
+    failsafe.start()
     sys.stdin.readline()                               # the test says when it has scraped
     lg.finish()
     ray.shutdown()
