@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
@@ -152,15 +151,21 @@ def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> t
             num_gpus = settings.num_gpus if settings.num_gpus is not None else sum(b.get("GPU", 0.0) for b in bundles)
             ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
                            include_dashboard=settings.include_dashboard, **kwargs)
-            return True, (ctx.dashboard_url or None)
+            return True, _url(ctx.dashboard_url)
         ctx = ray.init(address=address, **kwargs)
-        return False, (ctx.dashboard_url or None)
+        return False, _url(ctx.dashboard_url)
     except Exception as e:  # ConnectionError, RuntimeError, ValueError from ray.init
         raise RuntimeError(
             f"could not {'start a local Ray instance' if address == 'local' else f'connect to Ray at {address!r}'}: "
             f"{type(e).__name__}: {e}. Set backend.address (null = local, or the cluster address), and "
             f"RAY_AUTH_MODE to match the cluster (token or disabled)."
         ) from e
+
+
+def _url(address: str | None) -> str | None:
+    if not address:
+        return None
+    return address if "://" in address else f"http://{address}"
 
 
 def create_placement_group(settings: RaySettings, name: str, timeout_s: float) -> Any:

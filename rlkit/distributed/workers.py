@@ -232,11 +232,11 @@ class RolloutWorker:
     """A rollout engine on its own (unsharded) copy of the policy (module doc)."""
 
     def __init__(self, index: int, spec: RolloutSpec) -> None:
+        from omegaconf import OmegaConf
+
         from rlkit.policy import make_engine
         from rlkit.run import instantiate_plugin
         from rlkit.sync import AdapterSubscriber
-
-        from omegaconf import OmegaConf
 
         configure_process(spec.threads, spec.deterministic)
         self.index, self.spec = int(index), spec
