@@ -89,7 +89,8 @@ class RayMetricsLogger:
 
     Raises:
         ValueError: an unknown mode.
-        ConnectionError: mode ``on`` and no Ray cluster at ``address`` (from ``ray.init``).
+        ConnectionError: mode ``on`` and no Ray cluster at ``address`` (at ``start``; in ``auto`` mode
+            a failed connection of a Ray Job entrypoint is a warning and nothing is exported).
     """
 
     def __init__(self, mode: str = "auto", address: str = "auto", prefix: str = PREFIX, linger_s: float = 12.0):
@@ -113,7 +114,17 @@ class RayMetricsLogger:
         elif self.mode == "on" or in_ray_job():
             import ray
 
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            try:
+                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            except Exception as e:  # auto: metrics are an extra, the job goes on without them (warned)
+                if self.mode == "on":
+                    raise ConnectionError(
+                        f"logger ray_metrics (mode=on) could not connect to a Ray cluster at address="
+                        f"{self.address!r}: {e}. Start one (ray start --head --metrics-export-port=...), "
+                        f"set RAY_ADDRESS, or use mode=auto"
+                    ) from e
+                log.warning("Ray metrics not exported: this Ray Job could not connect to its cluster (%s)", e)
+                return None
             self._connected_here = self.active = True
         if self.active:
             log.info("exporting step metrics as Ray metrics %s_* with tags %s", self.prefix, self.tags)

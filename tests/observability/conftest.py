@@ -46,11 +46,18 @@ def obs_tmp(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("observability")
 
 
+def has_tensorboard() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 @pytest.fixture(scope="session")
 def smoke_run(obs_tmp) -> SmokeRun:
-    """experiment=smoke with logger=multi (W&B offline + TensorBoard), progress lines on."""
+    """experiment=smoke with logger=multi (W&B offline + TensorBoard when installed), progress lines on."""
     out = obs_tmp / "run"
-    proc = run_train(["experiment=smoke", "logger=multi", "trainer.quiet=false",
+    no_tb = [] if has_tensorboard() else ["~logger.loggers.tensorboard"]
+    proc = run_train(["experiment=smoke", "logger=multi", *no_tb, "trainer.quiet=false",
                       "logger.loggers.wandb.project=rlkit-obs-test", "logger.loggers.wandb.tags=[obs,smoke]",
                       "logger.loggers.wandb.name=obs-smoke", f"hydra.run.dir={out}"], obs_tmp)
     return SmokeRun(out=out, tmp=obs_tmp, stdout=proc.stdout)

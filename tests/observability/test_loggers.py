@@ -116,6 +116,7 @@ def test_console_logger_is_silent(tmp_path):
 
 
 def test_tensorboard_event_files_of_the_smoke_run(smoke_run):
+    pytest.importorskip("tensorboard", reason="logger=tensorboard needs the tensorboard package")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = smoke_run.out / "tensorboard"

@@ -231,3 +231,4 @@ def test_train_job_on_a_local_ray_cluster_exports_its_step_metrics(tmp_path, obs
             except subprocess.TimeoutExpired:
                 head.kill()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
