@@ -48,6 +48,9 @@ TAG_KEYS = ("run", "group", "overrides")
 MODES = ("auto", "on", "off")
 #: Set by Ray's job supervisor in the environment of a Ray Job's entrypoint.
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+#: Environment override of ``linger_s`` for the automatically added exporter (seconds).
+LINGER_ENV = "RLKIT_RAY_METRICS_LINGER_S"
+DEFAULT_LINGER_S = 12.0
 
 
 def metric_name(key: str, prefix: str = PREFIX) -> str:
@@ -93,7 +96,8 @@ class RayMetricsLogger:
             a failed connection of a Ray Job entrypoint is a warning and nothing is exported).
     """
 
-    def __init__(self, mode: str = "auto", address: str = "auto", prefix: str = PREFIX, linger_s: float = 12.0):
+    def __init__(self, mode: str = "auto", address: str = "auto", prefix: str = PREFIX,
+                 linger_s: float = DEFAULT_LINGER_S):
         if mode not in MODES:
             raise ValueError(f"logger mode={mode!r} is not one of {', '.join(MODES)}")
         self.mode, self.address, self.prefix, self.linger_s = mode, address, prefix, float(linger_s)
@@ -171,7 +175,11 @@ def with_cluster_metrics(logger: Any) -> Any:
     (``ray_active()`` or ``in_ray_job()``) and the configured loggers hold no RayMetricsLogger yet.
 
     This is how every ``logger=`` option exports to Ray on a cluster without a config change, while
-    the default CPU run (no Ray) gets ``logger`` back unchanged and never imports Ray.
+    the default CPU run (no Ray) gets ``logger`` back unchanged and never imports Ray. Its
+    ``linger_s`` is ``RLKIT_RAY_METRICS_LINGER_S`` when set (e.g. 0 for short test jobs under Ray),
+    else 12 s.
+
+    Raises: ValueError when RLKIT_RAY_METRICS_LINGER_S is not a number.
     """
     if isinstance(logger, RayMetricsLogger):
         return logger
@@ -179,4 +187,5 @@ def with_cluster_metrics(logger: Any) -> Any:
         return logger
     if not (ray_active() or in_ray_job()):
         return logger
-    return MultiLogger({"main": logger, "ray_metrics": RayMetricsLogger(mode="auto")})
+    linger = float(os.environ.get(LINGER_ENV, DEFAULT_LINGER_S))
+    return MultiLogger({"main": logger, "ray_metrics": RayMetricsLogger(mode="auto", linger_s=linger)})

@@ -65,8 +65,10 @@ def test_no_ray_no_export(monkeypatch, tmp_path):
 
 def test_ray_job_entrypoint_gets_ray_metrics(monkeypatch):
     monkeypatch.setenv(RAY_JOB_ENV, "{}")
+    monkeypatch.setenv("RLKIT_RAY_METRICS_LINGER_S", "0")
     wrapped = with_cluster_metrics(ConsoleLogger())
     assert isinstance(wrapped, MultiLogger) and len(wrapped.find(RayMetricsLogger)) == 1
+    assert wrapped.find(RayMetricsLogger)[0].linger_s == 0.0
     explicit = MultiLogger({"r": RayMetricsLogger(mode="on")})
     assert with_cluster_metrics(explicit) is explicit  # already there: not added twice
 
