@@ -5,7 +5,7 @@ trainer rank r on bundle r, rollout worker j on bundle j (colocated) or num_work
 all actors constructed concurrently; rank 0 picks the process group's address, every rank joins it
 and shards its policy (FSDP2). Every call below is synchronous and returns only when all actors it
 used are done; the first actor error is raised at once (``_get_all``), and ``shutdown`` kills the
-actors, removes the placement group and stops Ray if this process started it.
+actors, removes the placement group and shuts Ray down if ``start`` initialised it.
 
 Work split and order:
 - rollout / evaluate: the B task seeds are cut into contiguous chunks, one per rollout worker
@@ -133,7 +133,8 @@ class RayCluster:
                  w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))
 
     def shutdown(self) -> None:
-        """Kill the actors, remove the placement group, stop Ray if this process started it (idempotent)."""
+        """Kill the actors, remove the placement group, and ``ray.shutdown()`` if ``start`` initialised
+        Ray (a local instance stops; a cluster is only disconnected from). Idempotent."""
         import ray
 
         if not ray.is_initialized():

@@ -16,9 +16,11 @@ never fire). The root's group holds the embeddings, final norm, lm_head, the vis
 and mergers.
 
 Gradient reduction: every FSDP group is set to a plain SUM (``set_gradient_divide_factor(1.0)`` +
-``set_force_sum_reduction_for_comms(True)``; gloo has no AVG reduce-scatter). Each rank weights its
-micro-batch losses by global token / sequence counts (rlkit.distributed.update), so the summed
-shard gradient is the single-rank gradient of the whole mini-batch.
+``set_force_sum_reduction_for_comms(True)``) instead of FSDP's default average. Each rank weights
+its micro-batch losses by global token / sequence counts (rlkit.distributed.update), so the summed
+shard gradient is the single-rank gradient of the whole mini-batch, with no multiply-by-world-size
+/ divide-by-world-size round trip (on CPU the result is bitwise equal to a single-process run in
+tests/distributed).
 
 Gathering uses ``DTensor.full_tensor()`` on the LoRA parameters only (all ranks call it in the
 same order), never a full model state dict: the frozen base weights (16 GB for an 8B model) are not

@@ -129,8 +129,10 @@ class RaySettings:
 def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> tuple[bool, str | None]:
     """Start or join Ray as ``settings.address`` says (see RaySettings).
 
-    Returns: (started, dashboard_url): started is True when this call started a local instance (the
-    caller shuts it down); dashboard_url is Ray's, or None when there is no dashboard.
+    Returns: (owned, dashboard_url): owned is True when this call initialised Ray in this process
+    (started a local instance, or connected to a cluster): the caller calls ``ray.shutdown()`` at
+    the end, which stops a local instance and only disconnects from a cluster. False when Ray was
+    already initialised by the caller (a test, a notebook). dashboard_url is Ray's, or None.
 
     Raises: RuntimeError naming the address when Ray cannot be reached / started.
     """
@@ -153,7 +155,7 @@ def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> t
                            include_dashboard=settings.include_dashboard, **kwargs)
             return True, _url(ctx.dashboard_url)
         ctx = ray.init(address=address, **kwargs)
-        return False, _url(ctx.dashboard_url)
+        return True, _url(ctx.dashboard_url)
     except Exception as e:  # ConnectionError, RuntimeError, ValueError from ray.init
         raise RuntimeError(
             f"could not {'start a local Ray instance' if address == 'local' else f'connect to Ray at {address!r}'}: "
