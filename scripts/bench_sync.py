@@ -144,6 +144,7 @@ def run_job(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
                PYTHONPATH=str(ROOT), RAY_AUTH_MODE=env.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_API_SERVER_ADDRESS", None)
+    env.setdefault("RLKIT_RAY_METRICS_LINGER_S", "0")  # a private Ray instance: no end-of-job metrics wait
     args = ["experiment=smoke", "logger=console", f"steps={steps}", "trainer.eval_before_train=false",
             "trainer.ckpt_interval=0", f"hydra.run.dir={out}", *overrides]
     t0 = time.perf_counter()

@@ -71,6 +71,9 @@ class RemotePolicy:
     def save_adapter(self, path: str | os.PathLike, version: int | None = None) -> Any:
         """Write the current adapter as a plain PEFT adapter directory at ``path`` (atomically).
 
+        ``version`` is accepted for Policy.save_adapter's signature and not used: the copy keeps the
+        published version's own number (its step) in rlkit_adapter.json.
+
         Returns: rlkit.policy.AdapterInfo of what was written.
         Raises: RuntimeError when nothing has been published yet.
         """

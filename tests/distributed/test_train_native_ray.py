@@ -20,6 +20,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", RLKIT_CACHE_DIR=str(tmp_path / "cache"),
                RLKIT_SHARED_DIR=str(tmp_path / "shared"), PYTHONPATH=str(ROOT), **RAY_ENV)
+    env["RLKIT_RAY_METRICS_LINGER_S"] = "0"  # the job's private Ray instance is not scraped: do not wait for it
     for k in ("WANDB_API_KEY", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(k, None)
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
