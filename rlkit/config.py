@@ -70,7 +70,7 @@ class TrainerConfig:
     resume_mode: str = "latest"  # latest | none | from_path
     resume_path: Optional[str] = None
     overwrite: bool = False  # resume_mode=none into a dir with checkpoints
-    num_threads: Optional[int] = None  # torch intra-op threads; None = the cores this process may use
+    num_threads: Optional[int] = None  # torch intra-op threads; None = 1 (tiny models; shared cores)
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
 
@@ -86,7 +86,7 @@ class SFTConfig:
     """
 
     enabled: bool = True
-    num_demos: int = 4000
+    num_demos: int = 4000  # size of a fixed demonstration pool; 0 = a fresh batch of tasks every step
     max_steps: int = 2000
     batch_size: int = 32
     lr: float = 1e-3

@@ -98,23 +98,39 @@ def train_sft(
     gen = torch.Generator().manual_seed(cfg.seed)
     sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
     val_seeds = sampler.sample(cfg.val_tasks)
-    train_seeds = sampler.sample(cfg.num_demos)
-    demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in train_seeds) if d is not None]
-    if not demos:
+    streaming = cfg.num_demos == 0
+    demos: list[Trajectory] = []
+    num_drawn = 0
+
+    def draw(n: int) -> list[Trajectory]:
+        nonlocal num_drawn
+        out: list[Trajectory] = []
+        for _ in range(100):  # a few draws are skipped (shortest path longer than the budget)
+            seeds = sampler.sample(n - len(out))
+            num_drawn += len(seeds)
+            out += [d for d in (demonstration_trajectory(env_spec, policy, s) for s in seeds) if d is not None]
+            if len(out) >= n:
+                return out
         raise RuntimeError(
-            f"none of the {len(train_seeds)} demonstrations solves its task within the env's budget; "
+            f"almost none of {num_drawn} demonstrations solves its task within the env's budget; "
             f"raise env.max_turns or check the env's demonstration()"
         )
-    log.info("sft: %d of %d demonstrations fit the budget", len(demos), len(train_seeds))
+
+    if not streaming:
+        demos = draw(cfg.num_demos)
+        log.info("sft: %d demonstrations (%d tasks drawn)", len(demos), num_drawn)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     val_success, step, history = 0.0, 0, []
     order: list[int] = []
     while step < cfg.max_steps:
-        if len(order) < cfg.batch_size:
-            order += torch.randperm(len(demos), generator=gen).tolist()
-        batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
+            batch = draw(cfg.batch_size)
+        else:
+            if len(order) < cfg.batch_size:
+                order += torch.randperm(len(demos), generator=gen).tolist()
+            batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
         logprobs, _ = policy.logprobs(batch, temperature=1.0)  # [n, T]
         mask = torch.zeros_like(logprobs)
         for i, t in enumerate(batch):
@@ -136,7 +152,8 @@ def train_sft(
             log.info("sft step %d loss %.4f val success %.3f", step, float(loss), val_success)
             if val_success >= cfg.target_success:
                 break
-    summary = {"steps": step, "val_success": val_success, "num_demos": len(demos), "num_tasks_drawn": len(train_seeds),
+    summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,
+               "num_tasks_drawn": num_drawn,
                "wall_time_s": time.time() - t0, "history": history}
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -24,7 +24,7 @@ def _run(args, tmp_path, timeout=900):
 
 def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     out = tmp_path / "run"
-    proc = _run(["experiment=smoke", f"hydra.run.dir={out}"], tmp_path)
+    proc = _run(["experiment=smoke", "trainer.export_interval=1", f"hydra.run.dir={out}"], tmp_path)
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "completed"
     assert result["steps_completed"] == 2
@@ -35,6 +35,9 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     assert result["wall_time_s"] > 0
     adapter = Path(result["adapter_dir"])
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    export = out / "exports" / "step_000001"  # every export_interval steps, plain PEFT format
+    assert (export / "adapter_config.json").is_file() and (export / "adapter_model.safetensors").is_file()
+    assert not (out / "exports" / "step_000002").exists()  # the last step's export is adapter/
     # metrics: one line per step + evals, with the namespaced keys
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [ln for ln in lines if "reward/mean" in ln]
@@ -51,7 +54,7 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     assert "eval success on visgym_easy_64" in proc.stdout
     # checkpoint written and verified; a second invocation in the same folder resumes at the end
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
-    proc2 = _run(["experiment=smoke", f"hydra.run.dir={out}"], tmp_path)
+    proc2 = _run(["experiment=smoke", "trainer.export_interval=1", f"hydra.run.dir={out}"], tmp_path)
     assert "resuming from" in proc2.stdout
     assert json.loads((out / "result.json").read_text())["steps_completed"] == 2
 

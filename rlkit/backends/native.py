@@ -77,7 +77,9 @@ class NativeRun:
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
         self._validate()
-        threads = self.trainer.num_threads or len(os.sched_getaffinity(0))
+        # 1 thread unless told otherwise: the tiny policy's matmuls are small, and on a shared 2-core
+        # machine a 2-thread OpenMP pool waiting for a busy core ran up to 10x slower (bench_policy.py)
+        threads = self.trainer.num_threads or 1
         torch.set_num_threads(threads)
         if self.trainer.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -242,7 +244,8 @@ class NativeRun:
 
     def _evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
         """Hook: rlkit.evaluation.evaluate's (metrics, per_task, trajectories) on the fixed set."""
-        return evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds, self.greedy, policy_version=step)
+        return evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds, self.greedy, policy_version=step,
+                        pass_k=self.eval_cfg.pass_k, pass_k_sampling=replace(self.sampling, seed=self.cfg.seed + step))
 
     def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
         """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here)."""
@@ -264,7 +267,8 @@ class NativeRun:
         seeds = self.sampler.sample(cfg.tasks_per_step)
         # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
         sampling = replace(self.sampling, seed=cfg.seed * 1_000_003 + step)
-        trajs, rollout_extra = self._rollout(step, seeds, sampling)
+        with self.progress.phase("rollout", step, cfg.steps):
+            trajs, rollout_extra = self._rollout(step, seeds, sampling)
         maybe_crash("rollout", step)
         timing["timing/rollout"] = time.time() - t0
         t1 = time.time()
@@ -273,7 +277,8 @@ class NativeRun:
         timing["timing/reward"] = time.time() - t1
         advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
         t2 = time.time()
-        update = self._update(step, trajs, advantages)
+        with self.progress.phase("update", step, cfg.steps):
+            update = self._update(step, trajs, advantages)
         timing["timing/train"] = time.time() - t2
         metrics = {
             "reward/mean": float(rewards.mean()),
@@ -318,14 +323,15 @@ class NativeRun:
                 maybe_crash("logged", step)
                 if self.trainer.ckpt_interval and step % self.trainer.ckpt_interval == 0 and step != cfg.steps:
                     self._save(step)
+                if self.trainer.export_interval and step % self.trainer.export_interval == 0 and step != cfg.steps:
+                    self._export(self.out / "exports" / f"step_{step:06d}", step)
             # the final checkpoint precedes the final eval, so a run killed during that eval (or rerun
             # after it) evaluates once more and logs exactly what an uninterrupted run logs
             self._save(self.state.step)
             final = self._eval(self.state.step, "final")
             self._log(final, self.state.step)
             adapter_dir = self.out / "adapter"
-            self.policy.save_adapter(adapter_dir)
-            self.logger.log_artifact(adapter_dir, name=f"adapter-{self.state.run_id or 'run'}", kind="lora_adapter")
+            self._export(adapter_dir, self.state.step)
         finally:
             self.logger.finish() if hasattr(self, "logger") else None
         result = {
@@ -349,6 +355,12 @@ class NativeRun:
                           f"{before} -> {result['eval_success_after']:.1%} after {result['steps_completed']} steps; "
                           f"adapter: {adapter_dir}")
         return result
+
+    def _export(self, path: Path, step: int) -> None:
+        """Write the adapter in plain PEFT format (what vLLM's --lora-modules and PeftModel load) and
+        log it as an artifact (every ``trainer.export_interval`` steps, and at the end as ``adapter/``)."""
+        self.policy.save_adapter(path, version=step)
+        self.logger.log_artifact(path, name=f"adapter-{self.state.run_id or 'run'}", kind="lora_adapter")
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_file.write(metrics, step)
