@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from PIL import Image
 
 from rlkit.loggers import resolve_wandb_mode
@@ -36,7 +37,8 @@ def test_offline_run_has_config_history_and_summary(smoke_run):
     assert run["run_id"] == result["wandb_run_id"]
     cfg = run["config"]
     # the resolved config: plain values, interpolations resolved
-    assert cfg["steps"] == 2 and cfg["group_size"] == 2 and cfg["lr"] == pytest.approx(2e-4)
+    composed = OmegaConf.load(smoke_run.out / ".hydra" / "config.yaml")
+    assert cfg["steps"] == 2 and cfg["group_size"] == 2 and cfg["lr"] == pytest.approx(composed.lr)
     assert cfg["env"]["_target_"] == "envs.visgym.VisGymMaze"
     assert cfg["logger"]["loggers"]["wandb"]["project"] == "rlkit-obs-test"
     assert cfg["paths"]["output_dir"] == str(smoke_run.out)
