@@ -96,6 +96,39 @@ def grpo_update(
     return out
 
 
+def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tensor, cfg: AlgorithmConfig,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The unweighted GRPO loss of one micro-batch: clipped policy loss (+ KL to the reference when
+    ``kl_coef > 0``, - entropy bonus when ``entropy_coef > 0``) under ``cfg.loss_reduction``.
+
+    Args: seqs (n trajectories), advantages [n] (one per sequence), temperature of the logprobs.
+    Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, detached
+    diagnostics: clip_fraction, approx_kl, ratio_*, entropy, pg_loss, loss[, kl]).
+    """
+    logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
+    device = logprobs.device
+    mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]
+    old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32).to(device)  # [n, T]
+    adv = advantages.to(device=device, dtype=torch.float32)  # [n]
+    loss, diag = grpo.policy_loss(
+        logprobs, old, adv, mask,
+        eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
+        clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
+    )
+    ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
+    total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
+    if cfg.kl_coef > 0:
+        with torch.no_grad(), policy.reference():
+            ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False)
+        kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
+        total = total + cfg.kl_coef * kl
+        diag["kl"] = kl.detach()
+    diag["loss"] = total.detach()
+    diag["pg_loss"] = loss.detach()
+    diag["entropy"] = ent.detach()
+    return total, mask, diag
+
+
 def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tensor, batch: list[int],
                     cfg: AlgorithmConfig, temperature: float,
                     on_backward: Callable[[], None] | None = None) -> dict[str, float]:
@@ -108,30 +141,11 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
     for start in range(0, len(batch), micro):
         idx = batch[start : start + micro]
         seqs = [trajs[i] for i in idx]
-        mask = to_tensor([t.loss_mask for t in seqs], torch.float32)  # [n, T]
-        old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32)  # [n, T]
-        adv = advantages[idx].float()  # [n]
-        logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
-        loss, diag = grpo.policy_loss(
-            logprobs, old, adv, mask,
-            eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
-            clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
-        )
-        ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
-        total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
-        if cfg.kl_coef > 0:
-            with torch.no_grad(), policy.reference():
-                ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature)
-            kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
-            total = total + cfg.kl_coef * kl
-            diag["kl"] = kl.detach()
+        total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature)
         weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (len(idx) / total_seqs)
         (total * weight).backward()
         if on_backward is not None:
             on_backward()
-        diag["loss"] = total.detach()
-        diag["pg_loss"] = loss.detach()
-        diag["entropy"] = ent.detach()
         for k, v in diag.items():
             if k.endswith("_max"):
                 diag_sums[k] = max(diag_sums.get(k, float("-inf")), float(v))

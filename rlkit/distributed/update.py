@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlkit.algorithms import grpo
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, to_tensor
+from rlkit.rollout import Trajectory
+from rlkit.update import micro_batch_loss
 
 
 @dataclass
@@ -162,24 +162,8 @@ def sharded_grpo_update(
             seqs = [payload.trajectories[i] for i in idx]
             _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
             root.set_requires_gradient_sync(m == step.num_micro - 1)
-            logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
-            device = logprobs.device
-            mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]
-            old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32).to(device)  # [n, T]
-            adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32, device=device)  # [n]
-            loss, diag = grpo.policy_loss(
-                logprobs, old, adv, mask,
-                eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
-                clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
-            )
-            ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
-            total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
-            if cfg.kl_coef > 0:
-                with torch.no_grad(), policy.reference():
-                    ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False)
-                kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
-                total = total + cfg.kl_coef * kl
-                diag["kl"] = kl.detach()
+            adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
+            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature)
             if is_filler:
                 weight = 0.0
             elif token_level:
@@ -187,9 +171,6 @@ def sharded_grpo_update(
             else:
                 weight = len(idx) / step.total_seqs
             (total * weight).backward()
-            diag["loss"] = total.detach()
-            diag["pg_loss"] = loss.detach()
-            diag["entropy"] = ent.detach()
             for k, v in diag.items():
                 if k.endswith("_max"):
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
