@@ -25,10 +25,13 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         return instantiate(node, **kwargs)
     except Exception as e:  # hydra wraps constructor errors in InstantiationException
         target = OmegaConf.select(node, "_target_") if OmegaConf.is_config(node) else None
-        raise ConfigError(
-            f"config group '{group}' ({target}) could not be built: {e}\n"
-            f"Check the keys of conf/{group}/*.yaml and your overrides against {target}'s arguments."
-        ) from e
+        cause: BaseException = e
+        while cause.__cause__ is not None:  # the constructor's own error, not Hydra's wrapper
+            cause = cause.__cause__
+        hint = ""
+        if isinstance(cause, TypeError) and "argument" in str(cause):
+            hint = f"\nCheck the keys of conf/{group}/*.yaml and your overrides against {target}'s arguments."
+        raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
 
 
 def to_dataclass(node: DictConfig, cls: type) -> Any:
@@ -40,20 +43,35 @@ def to_dataclass(node: DictConfig, cls: type) -> Any:
 
 
 def check_top_level_keys(cfg: DictConfig) -> None:
-    """Refuse top-level keys the schema does not know (``+typo=1`` passes Hydra's compose).
+    """Refuse keys the typed schema does not know, at the top level and inside the typed groups
+    (algorithm, rollout, trainer, sft, eval, paths): ``+typo=1`` / ``+algorithm.typo=1`` pass
+    Hydra's compose (an append), and would otherwise be silently ignored.
 
     Raises: ConfigError listing the unknown keys.
     """
-    from dataclasses import fields
+    from dataclasses import fields, is_dataclass
 
     from rlkit.config import TrainConfig
 
-    known = {f.name for f in fields(TrainConfig)} | {"hydra"}
-    unknown = sorted(k for k in cfg.keys() if k not in known)
+    def unknown_in(node: Any, cls: type, prefix: str) -> list[str]:
+        known = {f.name: f for f in fields(cls)}
+        out = []
+        for k in node.keys():
+            if k == "hydra" and not prefix:
+                continue
+            if k not in known:
+                out.append(prefix + str(k))
+            else:
+                default = known[k].default_factory() if callable(known[k].default_factory) else None
+                if is_dataclass(default) and OmegaConf.is_dict(node[k]):
+                    out += unknown_in(node[k], type(default), f"{prefix}{k}.")
+        return out
+
+    unknown = unknown_in(cfg, TrainConfig, "")
     if unknown:
         raise ConfigError(
-            f"unknown top-level config key(s): {', '.join(unknown)}. Known: {', '.join(sorted(known - {'hydra'}))}. "
-            f"Fix the override (a '+' adds a new key instead of setting an existing one)."
+            f"unknown config key(s): {', '.join(sorted(unknown))}. A '+' adds a new key instead of setting an "
+            f"existing one: check the spelling against `python train.py --cfg job` (schema: rlkit/config.py)."
         )
 
 

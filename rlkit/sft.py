@@ -143,15 +143,17 @@ def train_sft(
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        if progress is not None:
-            progress(step, cfg.max_steps, loss.item(), val_success)
+        done = False
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             metrics, _, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
             val_success = metrics["eval/success_rate"]
             history.append({"step": step, "loss": float(loss), "val_success": val_success})
-            log.info("sft step %d loss %.4f val success %.3f", step, float(loss), val_success)
-            if val_success >= cfg.target_success:
-                break
+            log.debug("sft step %d loss %.4f val success %.3f", step, float(loss), val_success)
+            done = val_success >= cfg.target_success
+        if progress is not None:  # after the check, so the line shows this step's val success
+            progress(step, cfg.max_steps, loss.item(), val_success)
+        if done:
+            break
     summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,
                "num_tasks_drawn": num_drawn,
                "wall_time_s": time.time() - t0, "history": history}

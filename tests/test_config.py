@@ -60,4 +60,8 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
     cfg = _compose(["+nosuchkey=1"])
     with pytest.raises(ConfigError, match="nosuchkey"):
         check_top_level_keys(cfg)
+    for typo in ("+algorithm.eps_clip_hihg=0.3", "+rollout.tempreature=0.5", "+trainer.resme_mode=none"):
+        with pytest.raises(ConfigError, match=typo[1:].split("=")[0].replace(".", r"\.")):
+            check_top_level_keys(_compose([typo]))
     check_top_level_keys(_compose([]))
+    check_top_level_keys(_compose(["experiment=hyperpod_visgym"]))

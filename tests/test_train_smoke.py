@@ -68,3 +68,23 @@ def test_smoke_sweep_summary(tmp_path):
     assert all(r["status"] == "completed" and r["steps"] == 2 for r in rows)
     assert (sweep / "sweep_summary.csv").read_text().count("\n") == 3
     assert "lr=3e-05" in proc.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.num_tasks=0", "eval.num_tasks=0"),
+    ("eval.num_tasks=1000", "eval.num_tasks=1000"),
+    ("lr=-1", "lr=-1"),
+    ("sft.batch_size=0", "sft.batch_size=0"),
+    ("rollout.temperature=-1", "rollout.temperature=-1"),
+    ("logger.mode=ofline", "logger.mode='ofline'"),
+    ("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_hihg"),
+    ("env.parser=keyword", "does not fit"),
+])
+def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
+    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", override,
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "SFT warm start" not in proc.stdout  # refused before the long part of the run

@@ -86,8 +86,24 @@ class NativeRun:
         _seed_everything(cfg.seed)
         self.env_spec = instantiate_plugin(cfg.env, "env")
         self.reward_fn = instantiate_plugin(cfg.reward, "reward")
+        from rlkit.metrics_export import with_cluster_metrics
+
+        # built (and its keys checked) before the long SFT warm start; started after resume
+        self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))
+        seeds = self.env_spec.eval_seeds()
+        n_eval = self.eval_cfg.num_tasks
+        if n_eval is not None and not 1 <= n_eval <= len(seeds):
+            raise ConfigError(f"eval.num_tasks={n_eval}: use null (all) or 1..{len(seeds)} "
+                              f"(the size of {self.env_spec.eval_set_name})")
+        self.eval_seeds = seeds[:n_eval] if n_eval else seeds
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
+        # sampling settings are checked here, before the warm start
+        try:
+            SamplingParams(temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
+                           top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens).validate()
+        except ValueError as e:
+            raise ConfigError(f"rollout.{e}") from None
         base_path = self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled else None
         self._build_policy(base_path)
         self.sampling = SamplingParams(
@@ -100,16 +116,10 @@ class NativeRun:
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
         self._resume()
-        from rlkit.metrics_export import with_cluster_metrics
-
-        # the configured logger(s), plus Ray metrics when this job runs inside a Ray cluster
-        self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))
         self.state.run_id = self.logger.start(
             self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
             resume_id=self.state.run_id, resume_step=self.state.step,
         )
-        seeds = self.env_spec.eval_seeds()
-        self.eval_seeds = seeds[: self.eval_cfg.num_tasks] if self.eval_cfg.num_tasks else seeds
 
     def _build_policy(self, base_path: str | None) -> None:
         """Hook: ``self.policy``, ``self.engine``, ``self.optimizer`` and ``self.scheduler`` (in this
@@ -132,6 +142,18 @@ class NativeRun:
             raise ConfigError(f"trainer.resume_mode={self.trainer.resume_mode!r}: use latest, none or from_path")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if not cfg.lr > 0:
+            raise ConfigError(f"lr={cfg.lr} must be > 0")
+        if self.sft_cfg.enabled:
+            for key in ("batch_size", "max_steps", "eval_every", "val_tasks"):
+                if getattr(self.sft_cfg, key) < 1:
+                    raise ConfigError(f"sft.{key}={getattr(self.sft_cfg, key)} must be >= 1 (or sft.enabled=false)")
+            if not self.sft_cfg.lr > 0:
+                raise ConfigError(f"sft.lr={self.sft_cfg.lr} must be > 0")
+        if self.algo.micro_batch_size < 1 or (self.algo.mini_batch_size is not None and self.algo.mini_batch_size < 1):
+            raise ConfigError("algorithm.micro_batch_size and algorithm.mini_batch_size must be >= 1")
+        if cfg.group_size == 1:
+            log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 
     def _warm_start(self, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing."""
@@ -298,6 +320,7 @@ class NativeRun:
         cfg = self.cfg
         t_setup = time.time()
         self.setup()
+        self._setup_s = time.time() - t_setup
         self.progress.say(f"setup {time.time() - t_setup:.0f}s; {cfg.steps} GRPO steps of {cfg.tasks_per_step} tasks "
                           f"x {cfg.group_size} samples; eval on {len(self.eval_seeds)} tasks of "
                           f"{self.env_spec.eval_set_name}")
@@ -344,7 +367,9 @@ class NativeRun:
             "wall_time_s": round(self.state.wall_time_s, 2),
             "adapter_dir": str(adapter_dir),
             "output_dir": str(self.out),
-            "max_turns": self.env_spec.max_turns,
+            "policy_turns": self.env_spec.max_turns,
+            "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
+            "setup_time_s": round(self._setup_s, 2),
             "overrides": _run_name(),
             "wandb_run_id": self.state.run_id,
             "host": platform.node(),
