@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -15,3 +16,28 @@ os.environ.setdefault("WANDB_SILENT", "true")
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+#: A small tiny-Qwen3-VL (smaller than conf/policy/tiny_vl.yaml) so suites stay fast on 2 CPU cores.
+TINY_TEST_SIZES = dict(
+    text_hidden=64, text_layers=2, text_heads=2, text_kv_heads=1, head_dim=32, text_intermediate=128,
+    vision_hidden=32, vision_depth=2, vision_heads=1, vision_intermediate=64, deepstack_indexes=[1],
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # One intra-op thread: the models here are tiny, and on a shared 2-core machine a 2-thread
+    # OpenMP pool waiting for a busy core makes a small matmul ~100x slower than one thread.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_test_ckpt(tmp_path_factory) -> Path:
+    """One checkpoint of TINY_TEST_SIZES for the whole session (built offline, ~1 s; read-only)."""
+    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
+
+    return build_tiny_policy(tmp_path_factory.mktemp("tiny_test") / "ckpt", TinyVLSizes(**TINY_TEST_SIZES), seed=0)

@@ -12,26 +12,15 @@ import os
 import pytest
 import torch
 
-#: Sizes as in tests/policy (TEST_SIZES): small enough for 2 shared CPU cores.
-SIZES = dict(text_hidden=64, text_layers=2, text_heads=2, text_kv_heads=1, head_dim=32, text_intermediate=128,
-             vision_hidden=32, vision_depth=2, vision_heads=1, vision_intermediate=64, deepstack_indexes=[1])
+from tests.conftest import TINY_TEST_SIZES as SIZES  # noqa: E402,F401
+
 LORA = {"rank": 4, "alpha": 8}
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
-def tiny_ckpt(tmp_path_factory):
-    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
-
-    return build_tiny_policy(tmp_path_factory.mktemp("dist_tiny") / "ckpt", TinyVLSizes(**SIZES), seed=0)
+def tiny_ckpt(tiny_test_ckpt):
+    return tiny_test_ckpt
 
 
 @pytest.fixture(scope="session")

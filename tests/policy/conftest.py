@@ -7,37 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-#: Smaller than conf/policy/tiny_vl.yaml so the suite stays fast on 2 CPU cores.
-TEST_SIZES = dict(
-    text_hidden=64,
-    text_layers=2,
-    text_heads=2,
-    text_kv_heads=1,
-    head_dim=32,
-    text_intermediate=128,
-    vision_hidden=32,
-    vision_depth=2,
-    vision_heads=1,
-    vision_intermediate=64,
-    deepstack_indexes=[1],
-)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _threads():
-    # One intra-op thread: the models here are tiny, and on a shared 2-core machine a 2-thread
-    # OpenMP pool waiting for a busy core makes a small matmul ~100x slower than one thread.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.conftest import TINY_TEST_SIZES as TEST_SIZES  # noqa: E402,F401  (re-exported for tests)
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
-
-    return build_tiny_policy(tmp_path_factory.mktemp("tiny") / "ckpt", TinyVLSizes(**TEST_SIZES), seed=0)
+def tiny_dir(tiny_test_ckpt):
+    return tiny_test_ckpt
 
 
 @pytest.fixture

@@ -19,20 +19,9 @@ from tests.policy.conftest import TEST_SIZES, perturb_lora  # noqa: E402
 API_KEY = "test-key-123"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    # Tiny models on a shared 2-core machine: one intra-op thread (see tests/policy/conftest.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
-def base_dir(tmp_path_factory):
-    from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
-
-    return build_tiny_policy(tmp_path_factory.mktemp("serve_tiny") / "ckpt", TinyVLSizes(**TEST_SIZES), seed=0)
+def base_dir(tiny_test_ckpt):
+    return tiny_test_ckpt
 
 
 @pytest.fixture(scope="session")
