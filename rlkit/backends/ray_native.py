@@ -77,7 +77,7 @@ class RemotePolicy:
         Returns: rlkit.policy.AdapterInfo of what was written.
         Raises: RuntimeError when nothing has been published yet.
         """
-        from rlkit.policy.lora import read_adapter_info
+        from rlkit.policy.lora import read_adapter_info, umask_permissions
         from rlkit.sync import ADAPTER_CONFIG, ADAPTER_META, ADAPTER_WEIGHTS, version_dir
 
         if self._run.published_version is None:
@@ -89,6 +89,7 @@ class RemotePolicy:
         try:
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_META):
                 shutil.copyfile(src / name, tmp / name)
+            umask_permissions(tmp)
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)

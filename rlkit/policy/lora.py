@@ -168,12 +168,24 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def umask_permissions(directory: Path) -> None:
+    """Give ``directory`` and everything under it the modes a plain mkdir/open would have under the
+    process umask (tempfile.mkdtemp makes 0700 directories, which other users of a shared filesystem,
+    e.g. rollout workers or a server on /shared, could not read)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for p in Path(directory).rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
 def _atomic_dir_write(path: Path, write) -> None:
     """Write a directory via ``write(tmp_dir)`` then move it to ``path`` (replacing an old one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         write(tmp)
+        umask_permissions(tmp)
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}-{id(tmp)}"

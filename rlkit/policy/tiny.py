@@ -30,6 +30,7 @@ import torch
 import transformers
 from transformers import GenerationConfig, Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+from rlkit.policy.lora import umask_permissions
 from rlkit.policy.processor import Qwen3VLImageProcessor
 from rlkit.policy.tokenizer import (
     IM_END,
@@ -206,6 +207,7 @@ def build_tiny_policy(out_dir: str | os.PathLike, sizes: TinyVLSizes | None = No
         (tmp / "rlkit_tiny.json").write_text(
             json.dumps({"sizes": asdict(sizes), "seed": seed, "builder_version": BUILDER_VERSION}, indent=2)
         )
+        umask_permissions(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -126,3 +126,16 @@ def test_sft_demonstration_encoding(policy, interactive_env, plan_env):
         policy_ids = [tok for tok, m in zip(t.input_ids, t.loss_mask) if m]
         expected = [tok for text in texts for tok in chat.completion_ids(text)]
         assert policy_ids == expected
+
+
+def test_saved_adapter_is_readable_by_other_users(policy, tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        policy.save_adapter(tmp_path / "adapter")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "adapter").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mode) == 0o644
