@@ -32,10 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("adapter", nargs="?", default=None,
                    help="adapter dir, run dir, <run>/latest or a checkpoint dir (see rlkit.serve.models)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (env=..., env.max_turns=...)")

@@ -31,10 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (env=..., env.max_turns=...)")
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the endpoint's base URL (ending in /v1)")
     p.add_argument("--model", default=None, help="served model name (default: the only adapter the server lists)")
@@ -103,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except openai.APIConnectionError as e:
+        print(f"error: cannot reach an OpenAI-compatible endpoint at {args.url} ({e}). Start one "
+              f"(scripts/serve.py --adapter <run>, or vllm serve ...) or pass --url.", file=sys.stderr)
+        return 1
     except (PlayError, openai.OpenAIError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -27,13 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+
 from rlkit.serve.protocol import ServeLimits  # noqa: E402  (light: pydantic + PIL)
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = ServeLimits()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (policy=..., policy.dtype=...)")
     p.add_argument("--adapter", action="append", default=[], metavar="[NAME=]PATH",
                    help="adapter dir, run dir (its adapter/ or latest checkpoint), <run>/latest or a checkpoint dir; "
