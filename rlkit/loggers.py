@@ -46,12 +46,23 @@ class MetricsFile:
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
 
-    def truncate_after(self, step: int) -> None:
-        """On resume: drop lines logged after ``step`` (they belong to the lost part of the run)."""
+    def num_lines(self) -> int:
+        """Complete lines written so far (a checkpoint records it)."""
+        if not self.path.exists():
+            return 0
+        with open(self.path, "rb") as f:
+            return sum(1 for ln in f if ln.endswith(b"\n"))
+
+    def truncate_lines(self, n: int) -> None:
+        """Keep the first ``n`` complete lines (on resume: drop what was logged after the checkpoint,
+        and a line torn by a crash mid-write); atomic (temp file + os.replace)."""
         if not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        with open(self.path, "rb") as f:
+            lines = [ln for ln in f if ln.endswith(b"\n")][:n]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(b"".join(lines))
+        os.replace(tmp, self.path)
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:

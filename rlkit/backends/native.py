@@ -198,7 +198,7 @@ class NativeRun:
             )
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
-            _truncate_lines(self.metrics_file.path, 0)  # metrics of an earlier attempt are not this run's
+            self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
         self._check_same_experiment(path)
         self.policy.load_adapter(path / "adapter")
@@ -215,7 +215,7 @@ class NativeRun:
         torch.set_rng_state(rng["torch"])
         self.shuffle_gen.set_state(rng["shuffle"])
         # drop what was logged after this checkpoint (the lost part of the run), by line count
-        _truncate_lines(self.metrics_file.path, meta.get("metrics_lines", 0))
+        self.metrics_file.truncate_lines(meta.get("metrics_lines", 0))
         self.progress.say(f"resuming from {path} at step {self.state.step}")
 
     def _check_same_experiment(self, path: Path) -> None:
@@ -244,7 +244,7 @@ class NativeRun:
             meta = {"step": step, "sampler": self.sampler.state_dict(), "run_id": self.state.run_id,
                     "wall_time_s": self.state.wall_time_s, "eval_success_before": self.state.eval_success_before,
                     "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state()),
-                    "metrics_lines": _count_lines(self.metrics_file.path)}
+                    "metrics_lines": self.metrics_file.num_lines()}
             (d / "trainer_state.json").write_text(json.dumps(meta, default=_json_default))
             (d / "config.yaml").write_text(cfg_yaml)
 
@@ -390,24 +390,6 @@ class NativeRun:
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_file.write(metrics, step)
         self.logger.log(metrics, step)
-
-
-def _count_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    with open(path, "rb") as f:
-        return sum(1 for ln in f if ln.endswith(b"\n"))
-
-
-def _truncate_lines(path: Path, n: int) -> None:
-    """Keep the first ``n`` complete lines of ``path`` (a torn last line is dropped too)."""
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        lines = [ln for ln in f if ln.endswith(b"\n")][:n]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(lines))
-    os.replace(tmp, path)
 
 
 def _component_means(outs: list[Any]) -> dict[str, float]:
