@@ -51,7 +51,8 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes a rename inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -79,7 +80,7 @@ def write_manifest(directory: Path, extra: dict[str, Any] | None = None) -> dict
     mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     _fsync_file(mpath)
     for sub in {p.parent for p in directory.rglob("*")} | {directory}:
-        _fsync_dir(sub)
+        fsync_path(sub)
     return manifest
 
 
@@ -132,7 +133,7 @@ def save(root: Path, step: int, write_contents: Callable[[Path], None], max_to_k
         if final.exists():  # a stale copy of the same step (e.g. a resumed run re-saving): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_path(root)
         _point_latest(root, final.name)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -154,7 +155,7 @@ def _point_latest(root: Path, name: str) -> None:
     tmp.write_text(name + "\n")
     _fsync_file(tmp)
     os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    fsync_path(root)
 
 
 def complete_checkpoints(root: Path) -> list[Path]:

@@ -46,6 +46,8 @@ from typing import Any, Mapping
 
 import torch
 
+from rlkit.checkpoint import fsync_path
+
 SYNC_DIRNAME = "lora_sync"
 MANIFEST = "manifest.json"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -124,14 +126,6 @@ def list_versions(root: str | os.PathLike) -> list[int]:
         if m and p.is_dir():
             out.append(int(m.group(1)))
     return sorted(out)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -214,13 +208,13 @@ def publish_adapter(
             "created_unix": time.time(),
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        _fsync_path(tmp)
+        fsync_path(tmp)
         if final.exists():  # left by an abandoned run of this job (e.g. before a resume): replace it
             stale = root / f".tmp-stale-v{version}-{uuid.uuid4().hex[:8]}"
             os.rename(final, stale)
             shutil.rmtree(stale, ignore_errors=True)
         os.rename(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SyncError(

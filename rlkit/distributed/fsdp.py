@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlkit.policy.lora import live_key
+
 #: Where Qwen-VL keeps its decoder layers and vision blocks, relative to the Hugging Face model.
 DECODER_LAYER_PATHS = ("model.language_model.layers", "language_model.layers", "model.layers")
 VISION_BLOCK_PATHS = ("model.visual.blocks", "visual.blocks")
@@ -145,14 +147,6 @@ def gather_lora_state(model: nn.Module, rank: int, adapter_name: str = "default"
     return get_peft_model_state_dict(model, state_dict=full, adapter_name=adapter_name)
 
 
-def _live_key(saved_key: str, adapter_name: str) -> str:
-    for part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
-        token = f".{part}."
-        if token in saved_key:
-            head, tail = saved_key.split(token, 1)
-            return f"{head}.{part}.{adapter_name}.{tail}"
-    return saved_key
-
 
 def load_lora_state(model: nn.Module, tensors: dict[str, torch.Tensor], adapter_name: str = "default") -> int:
     """Write a full adapter (PEFT saved layout, as read from adapter_model.safetensors) into the
@@ -169,7 +163,7 @@ def load_lora_state(model: nn.Module, tensors: dict[str, torch.Tensor], adapter_
     seen = set()
     with torch.no_grad():
         for key, full in tensors.items():
-            name = _live_key(key, adapter_name)
+            name = live_key(key, adapter_name)
             p = live.get(name)
             if p is None:
                 raise ValueError(f"adapter tensor {key} has no trainable parameter {name} in the model")

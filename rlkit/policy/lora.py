@@ -307,19 +307,19 @@ def load_adapter_inplace(model, path: str | os.PathLike, adapter_name: str = "de
     params = dict(model.named_parameters())
     n = 0
     for key, tensor in state.items():
-        live_key = _live_key(key, adapter_name)
-        p = params.get(live_key)
+        name = live_key(key, adapter_name)
+        p = params.get(name)
         if p is None:
-            raise ValueError(f"adapter {path}: loaded key {key} has no live parameter {live_key}")
+            raise ValueError(f"adapter {path}: loaded key {key} has no live parameter {name}")
         if not torch.equal(p.detach(), tensor.to(device=p.device, dtype=p.dtype)):
-            raise ValueError(f"adapter {path}: parameter {live_key} differs from the file after loading")
+            raise ValueError(f"adapter {path}: parameter {name} differs from the file after loading")
         n += 1
     if n != info.num_tensors:
         raise ValueError(f"adapter {path}: verified {n} tensors, file holds {info.num_tensors}")
     return info
 
 
-def _live_key(saved_key: str, adapter_name: str) -> str:
+def live_key(saved_key: str, adapter_name: str) -> str:
     """``...q_proj.lora_A.weight`` (saved) -> ``...q_proj.lora_A.<adapter>.weight`` (live)."""
     for part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
         token = f".{part}."

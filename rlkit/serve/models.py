@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rlkit.policy.lora import live_key
+
 log = logging.getLogger(__name__)
 
 #: Served model names: what the ``model`` field of a request may hold.
@@ -187,15 +189,6 @@ def resolve_base(base: str | None, adapters: Sequence[AdapterSpec], allow_mismat
     return base
 
 
-def _live_key(saved_key: str, adapter_name: str) -> str:
-    """``...q_proj.lora_A.weight`` (saved) -> ``...q_proj.lora_A.<adapter>.weight`` (live parameter)."""
-    for part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
-        token = f".{part}."
-        if token in saved_key:
-            head, tail = saved_key.split(token, 1)
-            return f"{head}.{part}.{adapter_name}.{tail}"
-    return saved_key
-
 
 @dataclass
 class ServedAdapter:
@@ -293,7 +286,7 @@ def _verify_loaded(model, spec: AdapterSpec, internal: str):
     params = dict(model.named_parameters())
     state = load_peft_weights(str(spec.path), device="cpu")
     for key, tensor in state.items():
-        p = params.get(_live_key(key, internal))
+        p = params.get(live_key(key, internal))
         if p is None:
             raise AdapterError(f"adapter {spec.name} ({spec.path}): tensor {key} matches no module of the base model; "
                                "was it trained on another base?")
