@@ -111,3 +111,10 @@ class HyperPodLauncherConf(RayJobsLauncherConf):
     max_concurrent_jobs: int = 1
     poll_interval_s: float = 10.0
     pending_timeout_s: float = 1800.0
+
+
+@dataclass
+class LocalLauncherConf:
+    """``launcher=local``: Hydra's basic launcher, keeping the sweep summary when a job fails."""
+
+    _target_: str = "hydra_plugins.rlkit_launchers.ray_launchers.LocalLauncher"

@@ -70,6 +70,21 @@ def test_smoke_sweep_summary(tmp_path):
     assert "lr=3e-05" in proc.stdout
 
 
+def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
+    """launcher=local: job 0 fails (bad lr), job 1 still runs, the table and CSV list both, exit != 0."""
+    sweep = tmp_path / "sweep"
+    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "logger=console", "-m",
+                           "lr=-1,1e-5", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    rows = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [(r["swept"], r["status"]) for r in rows] == [("lr=-1", "failed (no result.json)"), ("lr=1e-05", "completed")]
+    assert rows[1]["steps"] == 2
+    assert "1 of 2 jobs failed" in out and "lr=-1.0 must be > 0" in out
+
+
 @pytest.mark.parametrize("override, message", [
     ("eval.num_tasks=0", "eval.num_tasks=0"),
     ("eval.num_tasks=1000", "eval.num_tasks=1000"),

@@ -20,7 +20,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from launchers.config import HyperPodLauncherConf, RayJobsLauncherConf
+from launchers.config import HyperPodLauncherConf, LocalLauncherConf, RayJobsLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="rlkit_ray", node=RayJobsLauncherConf,
                              provider="rlkit_launchers")
@@ -86,3 +86,62 @@ class HyperPodLauncher(RayJobsLauncher):
                 f"(got {self.settings.address!r}); see docs/hyperpod.md.")
         check_address(address)
         return super().launch(job_overrides, initial_job_idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# launcher=local
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="rlkit_local", node=LocalLauncherConf,
+                             provider="rlkit_launchers")
+
+
+def _job_error(ret: JobReturn) -> str:
+    try:
+        ret.return_value  # a FAILED JobReturn raises its job's exception here
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return "failed"
+
+
+class LocalLauncher(Launcher):
+    """Hydra's basic launcher (jobs one after another in this process) that keeps the sweep summary
+    when a job fails.
+
+    Hydra's BasicLauncher already runs every job of a batch even if one raises; its BasicSweeper
+    then raises the first failure right after ``launch`` returns, which skips ``on_multirun_end``,
+    so the summary table and CSV of the jobs that did finish were lost. This launcher logs every
+    failed job and runs the ``on_multirun_end`` callbacks before returning in that case; the
+    multirun still exits non-zero with the first failure's error, as before.
+    """
+
+    def __init__(self) -> None:
+        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+        self._basic = BasicLauncher()
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self._basic.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import logging
+
+        from hydra.core.utils import JobStatus
+
+        from launchers.ray_jobs import BASIC_SWEEPER
+
+        returns = self._basic.launch(job_overrides, initial_job_idx)
+        failed = [(initial_job_idx + i, r) for i, r in enumerate(returns) if r.status == JobStatus.FAILED]
+        if failed:
+            log = logging.getLogger(__name__)
+            log.error("%d of %d jobs failed: %s", len(failed), len(returns),
+                      "; ".join(f"#{n} {' '.join(r.overrides or [])}: {_job_error(r)}" for n, r in failed))
+            if str(OmegaConf.select(self.config, "hydra.sweeper._target_", default="")) == BASIC_SWEEPER:
+                self.hydra_context.callbacks.on_multirun_end(
+                    config=self.config,
+                    config_name=OmegaConf.select(self.config, "hydra.job.config_name", default=None))
+        return returns
