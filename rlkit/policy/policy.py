@@ -224,6 +224,34 @@ class Policy:
         return save_full_model(self.model, out_dir, processor=self.processor)
 
 
+def _check_hub_reachable(name: str, repo_id: str) -> None:
+    """Fail at once, not after huggingface_hub's ~30 s of retries, when a hub id is neither in the
+    local HF cache nor reachable: the hub's host name does not resolve (no network / no DNS).
+
+    Raises: PolicyLoadError (the same message as any other hub failure) in that case.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE:
+        return  # transformers reads the cache without network calls and fails fast itself
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return
+    except Exception:  # noqa: BLE001 - a malformed repo id: let from_pretrained report it
+        return
+    host = urlparse(constants.ENDPOINT).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as err:
+        raise _hub_error(name, repo_id, OSError(f"{repo_id} is not in the HF cache and {host} does not "
+                                                f"resolve ({err})")) from None
+
+
 def _hub_error(name: str, ident: str, err: Exception) -> PolicyLoadError:
     return PolicyLoadError(
         f"policy {name}: cannot load checkpoint {ident!r} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
@@ -317,6 +345,8 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
                 f"policy {config.name}: checkpoint directory {ckpt!r} does not exist. Fix: point policy.path at a "
                 "directory saved with save_pretrained (config.json, weights, tokenizer, preprocessor_config.json)."
             )
+        if not looks_local:
+            _check_hub_reachable(config.name, ckpt)
     try:
         hf_config = AutoConfig.from_pretrained(ckpt)
     except Exception as err:  # OSError offline / 404, ValueError bad repo id, hub errors

@@ -118,3 +118,27 @@ def test_large_model_refused_on_cpu(monkeypatch, tiny_dir):
     monkeypatch.setattr(pp, "MAX_CPU_PARAMS", 1000)
     with pytest.raises(PolicyLoadError, match="GPU"):
         load_policy(path=str(tiny_dir), device="cpu")
+
+
+def test_unresolvable_hub_fails_before_any_hub_request(monkeypatch, tmp_path):
+    """Not cached + the hub's host does not resolve: the clear error comes at once, without the
+    ~30 s of huggingface_hub retries (AutoConfig is never asked)."""
+    import socket
+
+    import transformers
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+
+    def no_dns(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def never(*a, **k):
+        raise AssertionError("AutoConfig.from_pretrained must not be reached")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    with pytest.raises(PolicyLoadError, match="does not resolve") as err:
+        load_policy(name="qwen3_vl_8b", path="Qwen/Qwen3-VL-8B-Instruct", tiny=None)
+    assert "policy.path" in str(err.value) and "HF_HUB_OFFLINE" in str(err.value)
