@@ -32,7 +32,8 @@ def evaluate(
 
     Returns:
         (metrics, per_task, trajectories): metrics eval/{success_rate, num_tasks, mean_turns,
-        parse_failures, mean_tokens[, pass@k]}; per_task rows {seed, success, turns, parse_failures,
+        parse_failures, mean_tokens, distinct_outputs[, pass@k]} (distinct_outputs: the number of
+        distinct per-task action-text sequences divided by the number of tasks, in (0, 1]); per_task rows {seed, success, turns, parse_failures,
         actions} in seed order; the trajectories (for sample tables).
     """
     trajs: list[Trajectory] = []
@@ -55,6 +56,9 @@ def evaluate(
         "eval/mean_turns": sum(r["turns"] for r in per_task) / n,
         "eval/parse_failures": sum(r["parse_failures"] for r in per_task) / n,
         "eval/mean_tokens": sum(t.num_policy_tokens for t in trajs) / n,
+        # distinct action sequences / tasks: a policy that ignores its observation (one answer per
+        # start corner, say) scores near 0 here whatever its success rate
+        "eval/distinct_outputs": len({tuple(r["actions"]) for r in per_task}) / n,
     }
     if pass_k > 0:
         samp = replace(pass_k_sampling or sampling)
