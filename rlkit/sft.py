@@ -7,7 +7,11 @@ with the policy's chat format exactly as a rollout would be; the loss is the cro
 assistant tokens only (loss mask 1), i.e. the mean negative logprob of the demonstrated tokens.
 
 Training stops when the greedy success on ``val_tasks`` held-out training seeds reaches
-``target_success`` (checked every ``eval_every`` steps) or after ``max_steps``. The model is then
+``target_success`` (checked every ``eval_every`` steps) or after ``max_steps``. Each check also
+records, in ``sft_summary.json``'s history, the teacher-forced fit to those seeds' demonstrations
+(``demonstration_metrics``: loss, token accuracy, first-decision accuracy) and the share of
+distinct greedy answers, which tell a policy that reads its observation from one that learned an
+answer prior. The model is then
 saved as a full HF checkpoint (save_pretrained) under a folder named by a hash of everything that
 determines it, so a second run (or the second job of a sweep) reuses it.
 """
@@ -79,6 +83,44 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
 
 
+def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_size: int = 32) -> dict[str, float]:
+    """Teacher-forced fit of the policy to held-out demonstrations.
+
+    Args:
+        policy: the Policy. trajectories: demonstrations (``demonstration_trajectory``), loss mask 1
+            on the demonstrated tokens. batch_size: sequences per forward.
+
+    Returns:
+        {"loss": mean negative logprob per demonstrated token (nats),
+         "token_accuracy": share of demonstrated tokens with probability > 1/2 (so the greedy choice),
+         "first_token_accuracy": the same for the first token where the demonstrations of
+         different tasks disagree (for plan-mode mazes: the first move), NaN when they never do}.
+        A policy that ignores its observation shows a first_token_accuracy near the frequency of
+        the most common first answer, however low its loss.
+    """
+    if not trajectories:
+        raise ValueError("demonstration_metrics needs at least one demonstration")
+    targets = [[t.input_ids[j] for j, m in enumerate(t.loss_mask) if m] for t in trajectories]
+    # first position (in demonstrated tokens) where the demonstrations disagree
+    first_diff = next((k for k in range(min(map(len, targets)))
+                       if len({tg[k] for tg in targets}) > 1), None)
+    nll, hits, n_tok, first_hits = 0.0, 0, 0, 0
+    with torch.no_grad():
+        for i in range(0, len(trajectories), batch_size):
+            chunk = trajectories[i : i + batch_size]
+            logprobs, _ = policy.logprobs(chunk, temperature=1.0, with_entropy=False)  # [n, T]
+            for row, t in zip(logprobs, chunk):
+                idx = torch.tensor([j for j, m in enumerate(t.loss_mask) if m], dtype=torch.long)
+                lp = row[idx].float()
+                nll -= float(lp.sum())
+                hits += int((lp > -0.6931471805599453).sum())
+                n_tok += len(idx)
+                if first_diff is not None:
+                    first_hits += int(lp[first_diff] > -0.6931471805599453)
+    return {"loss": nll / max(n_tok, 1), "token_accuracy": hits / max(n_tok, 1),
+            "first_token_accuracy": first_hits / len(trajectories) if first_diff is not None else float("nan")}
+
+
 def train_sft(
     env_spec: EnvSpec,
     policy: Any,
@@ -123,6 +165,7 @@ def train_sft(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     val_success, step, history = 0.0, 0, []
+    val_demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in val_seeds) if d is not None]
     order: list[int] = []
     while step < cfg.max_steps:
         if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
@@ -147,8 +190,11 @@ def train_sft(
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             metrics, _, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
             val_success = metrics["eval/success_rate"]
-            history.append({"step": step, "loss": float(loss), "val_success": val_success})
-            log.debug("sft step %d loss %.4f val success %.3f", step, float(loss), val_success)
+            fit = demonstration_metrics(policy, val_demos) if val_demos else {}
+            history.append({"step": step, "loss": float(loss), "val_success": val_success,
+                            "val_distinct_outputs": metrics["eval/distinct_outputs"],
+                            **{f"val_{k}": v for k, v in fit.items()}})
+            log.debug("sft step %d: %s", step, history[-1])
             done = val_success >= cfg.target_success
         if progress is not None:  # after the check, so the line shows this step's val success
             progress(step, cfg.max_steps, loss.item(), val_success)

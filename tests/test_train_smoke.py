@@ -52,6 +52,12 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "expected one offline W&B run with its .wandb file"
     assert "eval success on visgym_easy_64" in proc.stdout
+    # the SFT warm start's summary records its held-out fit next to its greedy success
+    (sft_summary,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
+    last = json.loads(sft_summary.read_text())["history"][-1]
+    for key in ("val_success", "val_distinct_outputs", "val_loss", "val_token_accuracy", "val_first_token_accuracy"):
+        assert key in last, key
+    assert last["val_loss"] > 0 and 0.0 <= last["val_first_token_accuracy"] <= 1.0
     # checkpoint written and verified; a second invocation in the same folder resumes at the end
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
     proc2 = _run(["experiment=smoke", "trainer.export_interval=1", f"hydra.run.dir={out}"], tmp_path)

@@ -128,6 +128,37 @@ def test_sft_demonstration_encoding(policy, interactive_env, plan_env):
         assert policy_ids == expected
 
 
+def test_demonstration_metrics_exact_on_scripted_logprobs(policy, plan_env):
+    """Two plan demonstrations whose first moves differ; scripted logprobs: every demonstrated token
+    of demo 0 gets p=0.9, of demo 1 p=0.2 -> loss, accuracy and first-move accuracy are exact."""
+    import math
+
+    from envs.visgym.episode import solution_actions
+    from rlkit.sft import demonstration_metrics
+
+    seeds = [s for s in range(20) if solution_actions("easy", s)[0] != solution_actions("easy", 0)[0]][:1]
+    demos = [demonstration_trajectory(plan_env, policy, seed=s) for s in [0, *seeds]]
+    probs = [0.9, 0.2]
+
+    class Scripted:
+        def logprobs(self, chunk, temperature=1.0, with_entropy=True):
+            t_max = max(len(t.input_ids) for t in chunk)
+            out = torch.zeros(len(chunk), t_max)
+            for i, t in enumerate(chunk):
+                out[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32) * math.log(probs[demos.index(t)])
+            return out, None
+
+    n0, n1 = demos[0].num_policy_tokens, demos[1].num_policy_tokens
+    m = demonstration_metrics(Scripted(), demos, batch_size=1)
+    assert m["loss"] == pytest.approx((-n0 * math.log(0.9) - n1 * math.log(0.2)) / (n0 + n1), rel=1e-6)
+    assert m["token_accuracy"] == pytest.approx(n0 / (n0 + n1))
+    assert m["first_token_accuracy"] == 0.5
+    same = demonstration_metrics(Scripted(), [demos[0]])
+    assert math.isnan(same["first_token_accuracy"]) and same["token_accuracy"] == 1.0
+    with pytest.raises(ValueError):
+        demonstration_metrics(Scripted(), [])
+
+
 def test_saved_adapter_is_readable_by_other_users(policy, tmp_path):
     import os
     import stat
