@@ -30,6 +30,10 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True  # False = Dr. GRPO
     adv_eps: float = 1e-6
     filter_zero_variance_groups: bool = False  # DAPO dynamic-sampling style: drop groups with no signal
+    # DAPO dynamic sampling: up to this many extra rollout rounds per step (tasks_per_step new tasks
+    # each) until tasks_per_step groups with differing rewards are found; the update trains on those
+    # groups only. 0 = off. Reward/env metrics stay over everything sampled.
+    dynamic_sampling_max_rounds: int = 0
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28  # DAPO clip-higher
     clip_ratio_c: Optional[float] = None  # dual clip; None = off

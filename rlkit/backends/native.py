@@ -152,6 +152,9 @@ class NativeRun:
                 raise ConfigError(f"sft.lr={self.sft_cfg.lr} must be > 0")
         if self.algo.micro_batch_size < 1 or (self.algo.mini_batch_size is not None and self.algo.mini_batch_size < 1):
             raise ConfigError("algorithm.micro_batch_size and algorithm.mini_batch_size must be >= 1")
+        if self.algo.dynamic_sampling_max_rounds < 0:
+            raise ConfigError(f"algorithm.dynamic_sampling_max_rounds={self.algo.dynamic_sampling_max_rounds} "
+                              "must be >= 0 (0 = off)")
         if cfg.group_size == 1:
             log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 
@@ -283,38 +286,85 @@ class NativeRun:
         self.scheduler.step()
         return update
 
+    def _sample_round(self, step: int, sampling: Any, timing: dict[str, float]) -> tuple[list[Any], list[Any], dict[str, float]]:
+        """One rollout of tasks_per_step new tasks x group_size: (trajectories, reward outputs, extra)."""
+        cfg = self.cfg
+        seeds = self.sampler.sample(cfg.tasks_per_step)
+        t0 = time.time()
+        with self.progress.phase("rollout", step, cfg.steps):
+            trajs, extra = self._rollout(step, seeds, sampling)
+        maybe_crash("rollout", step)
+        timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
+        t1 = time.time()
+        rewards_out = [self.reward_fn(t.episode) for t in trajs]
+        timing["timing/reward"] = timing.get("timing/reward", 0.0) + time.time() - t1
+        return trajs, rewards_out, extra
+
     def train_step(self, step: int) -> dict[str, float]:
         cfg, timing = self.cfg, {}
         t0 = time.time()
-        seeds = self.sampler.sample(cfg.tasks_per_step)
         # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
         sampling = replace(self.sampling, seed=cfg.seed * 1_000_003 + step)
-        with self.progress.phase("rollout", step, cfg.steps):
-            trajs, rollout_extra = self._rollout(step, seeds, sampling)
-        maybe_crash("rollout", step)
-        timing["timing/rollout"] = time.time() - t0
-        t1 = time.time()
-        rewards_out = [self.reward_fn(t.episode) for t in trajs]
+        trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing)
         rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
-        timing["timing/reward"] = time.time() - t1
+        sampled, sampled_rewards, dynamic = trajs, rewards, {}
+        if self.algo.dynamic_sampling_max_rounds > 0:
+            trajs, rewards, sampled, rewards_out, dynamic = self._dynamic_sampling(step, sampling, trajs, rewards_out, timing)
+            sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
         t2 = time.time()
         with self.progress.phase("update", step, cfg.steps):
             update = self._update(step, trajs, advantages)
         timing["timing/train"] = time.time() - t2
         metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "reward/success_rate": sum(t.episode.success for t in trajs) / len(trajs),
-            "reward/zero_variance_groups": float(zero_variance_groups(rewards, cfg.group_size).float().mean()),
+            "reward/mean": float(sampled_rewards.mean()),
+            "reward/std": float(sampled_rewards.std()) if len(sampled_rewards) > 1 else 0.0,
+            "reward/success_rate": sum(t.episode.success for t in sampled) / len(sampled),
+            "reward/zero_variance_groups": float(zero_variance_groups(sampled_rewards, cfg.group_size).float().mean()),
             **_component_means(rewards_out),
-            **rollout_stats(trajs),
+            **rollout_stats(sampled),
             **update,
             **timing,
             **rollout_extra,
+            **dynamic,
             "timing/step": time.time() - t0,
         }
         return metrics
+
+    def _dynamic_sampling(self, step: int, sampling: Any, trajs: list[Any], rewards_out: list[Any],
+                          timing: dict[str, float]) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float]]:
+        """DAPO dynamic sampling (Yu et al. 2025, "DAPO", section 3.2): keep the groups whose rewards
+        differ; while fewer than tasks_per_step are kept, roll out tasks_per_step new tasks (at most
+        ``dynamic_sampling_max_rounds`` more rounds).
+
+        Returns: (kept trajectories: at most tasks_per_step groups in sampling order, all of round 1
+        when no group differs; their rewards [N']; every sampled trajectory and its reward output,
+        for the reward/* and env/* metrics, which describe the policy and not the filter;
+        dynamic/{rounds, informative_groups, sampled_groups} metrics)."""
+        cfg, g = self.cfg, self.cfg.group_size
+        all_trajs, all_out = list(trajs), list(rewards_out)
+        rounds = 1
+
+        def informative(ts_out: list[Any]) -> list[int]:
+            r = torch.tensor([o.total for o in ts_out], dtype=torch.float32)
+            return [i for i, z in enumerate(zero_variance_groups(r, g).tolist()) if not z]
+
+        while len(informative(all_out)) < cfg.tasks_per_step and rounds <= self.algo.dynamic_sampling_max_rounds:
+            more, more_out, _ = self._sample_round(step, replace(sampling, seed=sampling.seed + 7919 * rounds), timing)
+            offset = len(all_trajs) // g
+            for t in more:
+                t.group += offset
+            all_trajs += more
+            all_out += more_out
+            rounds += 1
+        keep = informative(all_out)[: cfg.tasks_per_step]
+        metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(informative(all_out))),
+                   "dynamic/sampled_groups": float(len(all_trajs) // g)}
+        if not keep:  # nothing to learn from: the round-1 batch (all advantages 0; the update skips it)
+            keep = list(range(len(trajs) // g))
+        kept = [all_trajs[k * g + j] for k in keep for j in range(g)]
+        rewards = torch.tensor([all_out[k * g + j].total for k in keep for j in range(g)], dtype=torch.float32)
+        return kept, rewards, all_trajs, all_out, metrics
 
     def execute(self) -> dict:
         cfg = self.cfg

@@ -372,6 +372,12 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             "algorithm.filter_zero_variance_groups=true: SkyRL applies its zero_variance_filter only to "
             "response-level rewards, and its multi-turn generators return token-level rewards; set it to false"
         )
+    if algo.dynamic_sampling_max_rounds:
+        problems.append(
+            f"algorithm.dynamic_sampling_max_rounds={algo.dynamic_sampling_max_rounds}: rlkit's dynamic sampling runs "
+            "only in the native backends; set it to 0 (SkyRL has its own, trainer.algorithm.dynamic_sampling, "
+            "which rlkit does not map)"
+        )
     if algo.adv_eps != SKYRL_GRPO_EPS:
         problems.append(
             f"algorithm.adv_eps={algo.adv_eps}: SkyRL's GRPO uses a fixed epsilon of {SKYRL_GRPO_EPS}; set it to {SKYRL_GRPO_EPS}"

@@ -1,0 +1,98 @@
+"""DAPO dynamic sampling in the native loop (NativeRun._dynamic_sampling) with a scripted rollout:
+which groups are kept, how many rounds run, and what the metrics say."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+
+from rlkit.backends.native import NativeRun
+from rlkit.policy import SamplingParams
+from rlkit.types import RewardOutput
+
+
+def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3):
+    """A NativeRun (no policy) whose rollouts draw tasks 0, 1, 2, ... in order."""
+    run = NativeRun.__new__(NativeRun)
+    run.cfg = SimpleNamespace(tasks_per_step=tasks_per_step, group_size=group_size, steps=1)
+    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=max_rounds)
+    counter = iter(range(10_000))
+    run.sampler = SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)])
+    run.progress = SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext())
+    run.rollout_seeds = []
+
+    def rollout(step, seeds, sampling):
+        run.rollout_seeds.append((list(seeds), sampling.seed))
+        trajs = [SimpleNamespace(group=g, sample=j, episode=SimpleNamespace(seed=s))
+                 for g, s in enumerate(seeds) for j in range(group_size)]
+        return trajs, {}
+
+    run._rollout = rollout
+    return run
+
+
+def call(run, informative):
+    """One step's first round and dynamic sampling; the group on task s gets rewards [1, 0, ...]
+    when informative(s), else all 0."""
+    seen: dict[int, int] = {}
+
+    def reward(episode):
+        j = seen.get(episode.seed, 0)
+        seen[episode.seed] = j + 1
+        return RewardOutput(total=1.0 if informative(episode.seed) and j == 0 else 0.0)
+
+    run.reward_fn = reward
+    sampling = SamplingParams(temperature=1.0, seed=100)
+    timing: dict[str, float] = {}
+    trajs, out, _ = run._sample_round(1, sampling, timing)
+    return run._dynamic_sampling(1, sampling, trajs, out, timing), timing
+
+
+def test_fills_the_batch_with_informative_groups_from_later_rounds():
+    run = scripted_run()
+    (kept, rewards, sampled, sampled_out, m), timing = call(run, lambda s: s % 3 == 0)
+    # round 1: tasks 0, 1 (0 informative); round 2: tasks 2, 3 (3 informative) -> full, stop
+    assert [t.episode.seed for t in kept] == [0, 0, 3, 3]
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert [t.group for t in kept] == [0, 0, 3, 3]  # group ids stay unique across rounds
+    assert m == {"dynamic/rounds": 2.0, "dynamic/informative_groups": 2.0, "dynamic/sampled_groups": 4.0}
+    assert len(sampled) == len(sampled_out) == 8
+    assert [s for s, _ in run.rollout_seeds] == [[0, 1], [2, 3]]
+    assert run.rollout_seeds[0][1] != run.rollout_seeds[1][1]  # each round samples with its own seed
+    assert timing["timing/rollout"] >= 0 and "timing/reward" in timing
+
+
+def test_stops_after_max_rounds_and_keeps_what_it_found():
+    run = scripted_run(max_rounds=1)
+    (kept, rewards, sampled, _, m), _ = call(run, lambda s: s == 0)
+    assert [t.episode.seed for t in kept] == [0, 0] and rewards.tolist() == [1.0, 0.0]
+    assert m["dynamic/rounds"] == 2.0 and m["dynamic/sampled_groups"] == 4.0 and len(sampled) == 8
+
+
+def test_no_informative_group_trains_on_round_one_with_zero_rewards():
+    run = scripted_run(max_rounds=2)
+    (kept, rewards, sampled, _, m), _ = call(run, lambda s: False)
+    assert [t.episode.seed for t in kept] == [0, 0, 1, 1] and rewards.tolist() == [0.0] * 4
+    assert m == {"dynamic/rounds": 3.0, "dynamic/informative_groups": 0.0, "dynamic/sampled_groups": 6.0}
+
+
+def test_more_informative_groups_than_needed_keeps_the_first_ones():
+    run = scripted_run(tasks_per_step=2, max_rounds=3)
+    (kept, _, _, _, m), _ = call(run, lambda s: True)
+    assert [t.episode.seed for t in kept] == [0, 0, 1, 1] and m["dynamic/rounds"] == 1.0
+
+
+@pytest.mark.parametrize("value", [-1])
+def test_negative_max_rounds_is_refused(value, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "train.py"), "experiment=smoke", "logger=console",
+                           f"algorithm.dynamic_sampling_max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "RLKIT_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode != 0 and "dynamic_sampling_max_rounds=-1" in proc.stdout + proc.stderr
