@@ -20,6 +20,9 @@ Which variant this is
   "Approximating KL Divergence", 2020): k1 = log p - log p_ref, k3 = exp(log p_ref - log p)
   - (log p_ref - log p) - 1 (unbiased, always >= 0), k2 = 0.5 * (log p - log p_ref)^2.
 * Entropy bonus: ``- entropy_coef * entropy`` added to the loss.
+* Zero-variance groups (DAPO, section 3.2): ``zero_variance_groups`` finds them; the update can drop
+  them (``filter_zero_variance_groups``) and the native loop can replace them by sampling more tasks
+  (``dynamic_sampling_max_rounds``, rlkit.backends.native.NativeRun._dynamic_sampling).
 
 Shapes: N = number of sequences (B tasks x G samples), T = padded sequence length. All per-token
 tensors are [N, T] float32, masks [N, T] (bool or 0/1), rewards and advantages [N].
