@@ -25,11 +25,12 @@ def test_plugins_are_discovered():
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover()}
     assert "hydra_plugins.rlkit_launchers.ray_launchers.RayJobsLauncher" in names
     assert "hydra_plugins.rlkit_launchers.ray_launchers.HyperPodLauncher" in names
+    assert "hydra_plugins.rlkit_launchers.ray_launchers.LocalLauncher" in names
 
 
 def test_launcher_options_compose(compose_train):
     local = compose_train(["launcher=local"])
-    assert local.hydra.launcher._target_.endswith("BasicLauncher")
+    assert local.hydra.launcher._target_ == "hydra_plugins.rlkit_launchers.ray_launchers.LocalLauncher"
 
     ray = compose_train(["launcher=ray"])
     assert ray.hydra.launcher._target_ == "hydra_plugins.rlkit_launchers.ray_launchers.RayJobsLauncher"
