@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
@@ -49,6 +50,7 @@ def check_top_level_keys(cfg: DictConfig) -> None:
 
     Raises: ConfigError listing the unknown keys.
     """
+    import difflib
     from dataclasses import fields, is_dataclass
 
     from rlkit.config import TrainConfig
@@ -60,7 +62,8 @@ def check_top_level_keys(cfg: DictConfig) -> None:
             if k == "hydra" and not prefix:
                 continue
             if k not in known:
-                out.append(prefix + str(k))
+                close = difflib.get_close_matches(str(k), list(known), n=1)
+                out.append(prefix + str(k) + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
             else:
                 default = known[k].default_factory() if callable(known[k].default_factory) else None
                 if is_dataclass(default) and OmegaConf.is_dict(node[k]):
@@ -75,8 +78,44 @@ def check_top_level_keys(cfg: DictConfig) -> None:
         )
 
 
+#: Written into a job's output folder when the job raises: the error and its traceback. The sweep
+#: summary (rlkit.sweep) shows its first line as the job's status.
+ERROR_FILE = "error.txt"
+
+
 def run(cfg: DictConfig) -> dict:
-    """Run one job with the configured backend; returns the job's result dict (also result.json)."""
-    check_top_level_keys(cfg)
-    backend = instantiate_plugin(cfg.backend, "backend")
-    return backend.run(cfg)
+    """Run one job with the configured backend; returns the job's result dict (also result.json).
+
+    Raises: whatever the job raised, after writing it to ``<paths.output_dir>/error.txt``.
+    """
+    out = _output_dir(cfg)
+    if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
+        (out / ERROR_FILE).unlink(missing_ok=True)
+    try:
+        check_top_level_keys(cfg)
+        backend = instantiate_plugin(cfg.backend, "backend")
+        return backend.run(cfg)
+    except Exception as e:
+        _write_error(cfg, e)
+        raise
+
+
+def _output_dir(cfg: DictConfig) -> Path | None:
+    """``paths.output_dir`` as a Path, or None when it is unset or cannot be resolved."""
+    try:
+        out = OmegaConf.select(cfg, "paths.output_dir", default=None)
+    except Exception:  # noqa: BLE001 - e.g. ${hydra:...} outside a Hydra run
+        return None
+    return Path(str(out)) if out else None
+
+
+def _write_error(cfg: DictConfig, err: BaseException) -> None:
+    import traceback
+
+    try:
+        out = _output_dir(cfg)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / ERROR_FILE).write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
+    except Exception:  # noqa: BLE001 - never hide the job's own error behind this one
+        pass

@@ -4,7 +4,8 @@ Each job writes ``result.json`` in its own folder (``rlkit.backends.native``); t
 runs once at the end of a multirun (``on_multirun_end``), reads every ``<sweep_dir>/*/result.json``
 and writes ``sweep_summary.csv`` and ``sweep_summary.json`` next to them. Because it reads files
 from the sweep folder, it works the same for every launcher whose jobs write there (local, Ray,
-HyperPod with the sweep folder on /shared). Jobs without a result file are listed as failed.
+HyperPod with the sweep folder on /shared). Jobs without a result file are listed as failed, with
+the first line of the ``error.txt`` the job wrote (rlkit.run) when there is one.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "output_dir": str(d),
             })
         else:
-            rows.append({"job": d.name, "overrides": overrides, "status": "failed (no result.json)",
+            err = d / "error.txt"
+            first = err.read_text(errors="replace").splitlines()[0][:120] if err.is_file() else ""
+            status = f"failed: {first}" if first else "failed (no result.json)"
+            rows.append({"job": d.name, "overrides": overrides, "status": status,
                          "success_before": None, "success_after": None, "steps": None,
                          "wall_time_s": None, "output_dir": str(d)})
     # "swept": the overrides that differ between jobs (what the table is about)

@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-adapter", action="store_true", help="evaluate the base model without an adapter")
     p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: eval.num_tasks)")
     p.add_argument("--batch-size", type=int, default=64, help="episodes per rollout batch")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: trainer.num_threads, else 1, as in training: "
+                        "a tiny model ran ~20x slower with torch's default pool on a shared 2-core machine)")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
     return p
 
@@ -93,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env, node
     from rlkit.serve.models import AdapterError, parse_adapter_arg
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
         adapter = parse_adapter_arg(args.adapter) if args.adapter else None
         cfg = compose(args.overrides, run_dir=adapter.run_dir if adapter else None)
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AdapterError, ConfigComposeError, ConfigError, PolicyLoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    torch.set_num_threads(args.threads or cfg.trainer.num_threads or 1)
     num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
     seeds = env_spec.eval_seeds()
     seeds = seeds[:num_tasks] if num_tasks else seeds

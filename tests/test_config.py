@@ -60,8 +60,15 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
     cfg = _compose(["+nosuchkey=1"])
     with pytest.raises(ConfigError, match="nosuchkey"):
         check_top_level_keys(cfg)
-    for typo in ("+algorithm.eps_clip_hihg=0.3", "+rollout.tempreature=0.5", "+trainer.resme_mode=none"):
-        with pytest.raises(ConfigError, match=typo[1:].split("=")[0].replace(".", r"\.")):
+    for typo, right in (("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_high"),
+                        ("+rollout.tempreature=0.5", "rollout.temperature"),
+                        ("+trainer.resme_mode=none", "trainer.resume_mode"),
+                        ("+algorithm.dynamic_sampling_max_round=2", "algorithm.dynamic_sampling_max_rounds")):
+        with pytest.raises(ConfigError, match=typo[1:].split("=")[0].replace(".", r"\.")) as err:
             check_top_level_keys(_compose([typo]))
+        assert f"did you mean {right}?" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_top_level_keys(_compose(["+zzzz=1"]))
+    assert "did you mean" not in str(err.value)
     check_top_level_keys(_compose([]))
     check_top_level_keys(_compose(["experiment=hyperpod_visgym"]))

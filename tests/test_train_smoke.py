@@ -86,7 +86,10 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     rows = json.loads((sweep / "sweep_summary.json").read_text())
-    assert [(r["swept"], r["status"]) for r in rows] == [("lr=-1", "failed (no result.json)"), ("lr=1e-05", "completed")]
+    assert [(r["swept"], r["status"]) for r in rows] == [("lr=-1", "failed: ConfigError: lr=-1.0 must be > 0"),
+                                                       ("lr=1e-05", "completed")]
+    assert "Traceback" in (sweep / "0" / "error.txt").read_text()  # the whole story stays with the job
+    assert not (sweep / "1" / "error.txt").exists()
     assert rows[1]["steps"] == 2
     assert "1 of 2 jobs failed" in out and "lr=-1.0 must be > 0" in out
 
