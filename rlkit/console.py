@@ -112,21 +112,24 @@ class Progress:
             if step < total and self._phase_name is None:
                 self._show_phase(TRAIN_PHASE, step + 1, None, "")
 
-    def sft(self, step: int, total: int, loss: float, val_success: float) -> None:
-        """SFT warm-start progress: a bar on a terminal, a line every 25 steps otherwise."""
+    def sft(self, step: int, total: int, loss: float, val_success: float | None) -> None:
+        """SFT warm-start progress: a bar on a terminal, a line every 25 steps otherwise.
+        ``val_success``: the last check's greedy success on the held-out training mazes, None
+        before the first check."""
         if self.quiet:
             return
+        val = "-" if val_success is None else f"{val_success:.1%}"
         if self.live_enabled:
             self._ensure_live()
             if self._phase_name != "sft":
                 self._phase_name = "sft"
                 self._phases.reset(self._phase_task, total=total, description="sft warm start", info="")
             self._phases.update(self._phase_task, completed=step,
-                                info=f"loss {loss:.4f} | val success {val_success:.1%}")
+                                info=f"loss {loss:.4f} | val success {val}")
             return
         if step % 25 and step != total:
             return
-        print(f"[rlkit] sft step {step}/{total} | loss {loss:.4f} | val success {val_success:.1%}",
+        print(f"[rlkit] sft step {step}/{total} | loss {loss:.4f} | val success {val}",
               file=sys.stdout, flush=True)
 
     # ----------------------------------------------------------------- phases

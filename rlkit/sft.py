@@ -197,7 +197,7 @@ def train_sft(
             log.debug("sft step %d: %s", step, history[-1])
             done = val_success >= cfg.target_success
         if progress is not None:  # after the check, so the line shows this step's val success
-            progress(step, cfg.max_steps, loss.item(), val_success)
+            progress(step, cfg.max_steps, loss.item(), val_success if history else None)
         if done:
             break
     summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,

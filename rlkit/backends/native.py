@@ -179,7 +179,8 @@ class NativeRun:
             summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
                                 progress=self.progress.sft)
             self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "
-                              f"{summary['val_success']:.1%}, {summary['wall_time_s']:.0f}s")
+                              f"{summary['val_success']:.1%} on {self.sft_cfg.val_tasks} held-out training "
+                              f"tasks (not the eval set), {summary['wall_time_s']:.0f}s")
             del base, engine
         return str(out_dir)
 
@@ -360,7 +361,8 @@ class NativeRun:
         keep = informative(all_out)[: cfg.tasks_per_step]
         metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(informative(all_out))),
                    "dynamic/sampled_groups": float(len(all_trajs) // g)}
-        if not keep:  # nothing to learn from: the round-1 batch (all advantages 0; the update skips it)
+        if not keep:  # nothing to learn from: the round-1 batch, all advantages 0, so the policy-gradient
+            # term is 0 (the optimizer still steps on its momentum, as for any zero-signal batch)
             keep = list(range(len(trajs) // g))
         kept = [all_trajs[k * g + j] for k in keep for j in range(g)]
         rewards = torch.tensor([all_out[k * g + j].total for k in keep for j in range(g)], dtype=torch.float32)

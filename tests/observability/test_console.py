@@ -45,9 +45,11 @@ def test_quiet_prints_only_say_lines(capsys):
 def test_sft_lines_every_25_steps(capsys):
     p = Progress(live=False)
     for s in range(1, 61):
-        p.sft(s, 60, 1.0 / s, 0.0)
-    assert [ln.split("|")[0].strip() for ln in capsys.readouterr().out.splitlines()] == [
+        p.sft(s, 60, 1.0 / s, None if s < 50 else 0.125)  # the first check is at step 50
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("|")[0].strip() for ln in lines] == [
         "[rlkit] sft step 25/60", "[rlkit] sft step 50/60", "[rlkit] sft step 60/60"]
+    assert [ln.split("|")[-1].strip() for ln in lines] == ["val success -", "val success 12.5%", "val success 12.5%"]
 
 
 def test_live_display_on_a_terminal_closes_after_the_final_eval():
