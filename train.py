@@ -15,9 +15,19 @@ import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml b
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from rlkit.run import run
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    return run(cfg)
+    from rlkit.run import ConfigError, run
+
+    try:
+        return run(cfg)
+    except ConfigError as e:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the launcher records the failure and the sweep summary shows it
+        # a bad setting is the user's to fix: the message, not a traceback through rlkit
+        print(f"[rlkit] config error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _flags_first(argv: list[str]) -> list[str]:

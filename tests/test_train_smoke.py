@@ -109,6 +109,8 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", override,
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "[rlkit] config error:" in proc.stderr  # the message, no stack
     assert "SFT warm start" not in proc.stdout  # refused before the long part of the run
+    assert message.split("=")[0].strip("'+") in (tmp_path / "run" / "error.txt").read_text()
