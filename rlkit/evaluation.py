@@ -33,8 +33,9 @@ def evaluate(
     Returns:
         (metrics, per_task, trajectories): metrics eval/{success_rate, num_tasks, mean_turns,
         parse_failures, mean_tokens, distinct_outputs[, pass@k]} (distinct_outputs: the number of
-        distinct per-task action-text sequences divided by the number of tasks, in (0, 1]); per_task rows {seed, success, turns, parse_failures,
-        actions} in seed order; the trajectories (for sample tables).
+        distinct per-task action-text sequences divided by the number of tasks, in (0, 1]);
+        per_task rows {seed, success, turns, parse_failures, actions} in seed order; the
+        trajectories (for sample tables).
     """
     trajs: list[Trajectory] = []
     for i in range(0, len(seeds), batch_size):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -83,6 +84,9 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
 
 
+_LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
+
+
 def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_size: int = 32) -> dict[str, float]:
     """Teacher-forced fit of the policy to held-out demonstrations.
 
@@ -97,6 +101,8 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
          different tasks disagree (for plan-mode mazes: the first move), NaN when they never do}.
         A policy that ignores its observation shows a first_token_accuracy near the frequency of
         the most common first answer, however low its loss.
+
+    Raises: ValueError for an empty list.
     """
     if not trajectories:
         raise ValueError("demonstration_metrics needs at least one demonstration")
@@ -113,10 +119,10 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
                 idx = torch.tensor([j for j, m in enumerate(t.loss_mask) if m], dtype=torch.long)
                 lp = row[idx].float()
                 nll -= float(lp.sum())
-                hits += int((lp > -0.6931471805599453).sum())
+                hits += int((lp > _LOG_HALF).sum())
                 n_tok += len(idx)
                 if first_diff is not None:
-                    first_hits += int(lp[first_diff] > -0.6931471805599453)
+                    first_hits += int(lp[first_diff] > _LOG_HALF)
     return {"loss": nll / max(n_tok, 1), "token_accuracy": hits / max(n_tok, 1),
             "first_token_accuracy": first_hits / len(trajectories) if first_diff is not None else float("nan")}
 

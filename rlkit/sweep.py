@@ -18,6 +18,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from rlkit.run import ERROR_FILE
+
 COLUMNS = ["job", "swept", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
 
 
@@ -41,7 +43,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "output_dir": str(d),
             })
         else:
-            err = d / "error.txt"
+            err = d / ERROR_FILE
             first = err.read_text(errors="replace").splitlines()[0][:120] if err.is_file() else ""
             status = f"failed: {first}" if first else "failed (no result.json)"
             rows.append({"job": d.name, "overrides": overrides, "status": status,

@@ -358,8 +358,9 @@ class NativeRun:
             all_trajs += more
             all_out += more_out
             rounds += 1
-        keep = informative(all_out)[: cfg.tasks_per_step]
-        metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(informative(all_out))),
+        found = informative(all_out)
+        keep = found[: cfg.tasks_per_step]
+        metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(found)),
                    "dynamic/sampled_groups": float(len(all_trajs) // g)}
         if not keep:  # nothing to learn from: the round-1 batch, all advantages 0, so the policy-gradient
             # term is 0 (the optimizer still steps on its momentum, as for any zero-signal batch)
