@@ -20,6 +20,7 @@ import numpy as np
 from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
 from envs.visgym.gym_env import MazeEnv
 from envs.visgym.maze import VARIANT_SIZES
+from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
 
@@ -163,3 +164,12 @@ class VisGymMaze:
         """Assistant texts of the solver's episode on task ``seed`` in this env's output format
         (same as ``self.make().demonstration(seed)``; see ``MazeEpisode.demonstration``)."""
         return demonstration_texts(self.variant, self.mode, self.parser, seed)
+
+    # -- visual grounding pretraining (rlkit.grounding) ----------------------------------------
+
+    grounding_tasks = GROUNDING_TASKS
+
+    def grounding_example(self, seed: int, task: str, rng: np.random.Generator) -> GroundingExample:
+        """One grounding question on maze ``seed`` drawn with ``rng`` (see envs/visgym/grounding.py),
+        rendered at this env's cell size."""
+        return grounding_example(seed, task, rng, variant=self.variant, cell_size=self.cell_size)
