@@ -102,6 +102,33 @@ class SFTConfig:
 
 
 @dataclass
+class GroundingConfig:
+    """Visual grounding pretraining of a tiny base policy, before the SFT warm start (rlkit.grounding).
+
+    Trains the full weights on the env's grounding questions (training seeds only) until the
+    exact-match accuracy on ``val_questions`` held-out questions about wall bits reaches
+    ``target_accuracy`` (checked every ``eval_every`` steps) or after ``max_steps``. Cached under
+    ``paths.cache_dir/grounding/<hash>`` and reused; the SFT warm start starts from it. Only for
+    policies built from ``policy.tiny`` (a pretrained checkpoint already reads its images).
+    ``curriculum``: phases, each a list of the env's task names; the next phase starts at the first
+    check where every task of the current one reaches ``advance_accuracy`` (empty = one phase
+    with every task the env offers).
+    """
+
+    enabled: bool = True
+    max_steps: int = 600
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    target_accuracy: float = 0.99
+    val_questions: int = 256
+    eval_every: int = 50
+    curriculum: list[Any] = field(default_factory=lambda: [["agent", "goal"], ["agent", "goal", "moves", "cell"]])
+    advance_accuracy: float = 0.9
+    seed: int = 4321
+
+
+@dataclass
 class EvalConfig:
     """Evaluation on the env's fixed evaluation set."""
 
@@ -134,6 +161,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    grounding: GroundingConfig = field(default_factory=GroundingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 

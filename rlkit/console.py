@@ -132,6 +132,24 @@ class Progress:
         print(f"[rlkit] sft step {step}/{total} | loss {loss:.4f} | val success {val}",
               file=sys.stdout, flush=True)
 
+    def grounding(self, step: int, total: int, loss: float, table: dict[str, float] | None) -> None:
+        """Grounding-stage progress: a bar on a terminal, a line every 25 steps otherwise.
+        ``table``: the last check's held-out accuracy by task (None before the first check)."""
+        if self.quiet:
+            return
+        acc = "-" if not table else " ".join(f"{k} {v:.0%}" for k, v in table.items() if k != "all")
+        if self.live_enabled:
+            self._ensure_live()
+            if self._phase_name != "grounding":
+                self._phase_name = "grounding"
+                self._phases.reset(self._phase_task, total=total, description="grounding", info="")
+            self._phases.update(self._phase_task, completed=step, info=f"loss {loss:.4f} | {acc}")
+            return
+        if step % 25 and step != total:
+            return
+        print(f"[rlkit] grounding step {step}/{total} | loss {loss:.4f} | held-out {acc}",
+              file=sys.stdout, flush=True)
+
     # ----------------------------------------------------------------- phases
     @contextmanager
     def phase(self, name: str, step: int | None = None, total: int | None = None,

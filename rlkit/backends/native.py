@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
+from rlkit.config import AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
@@ -63,6 +63,7 @@ class NativeRun:
         self.rollout_cfg: RolloutConfig = to_dataclass(cfg.rollout, RolloutConfig)
         self.trainer: TrainerConfig = to_dataclass(cfg.trainer, TrainerConfig)
         self.sft_cfg: SFTConfig = to_dataclass(cfg.sft, SFTConfig)
+        self.grounding_cfg: GroundingConfig = to_dataclass(cfg.grounding, GroundingConfig)
         self.eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
         self.out = Path(cfg.paths.output_dir)
         self.ckpt_root = self.out / "checkpoints"
@@ -104,7 +105,8 @@ class NativeRun:
                            top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens).validate()
         except ValueError as e:
             raise ConfigError(f"rollout.{e}") from None
-        base_path = self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled else None
+        base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
+                     else self._grounded_base(load_policy))
         self._build_policy(base_path)
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
@@ -158,12 +160,50 @@ class NativeRun:
         if cfg.group_size == 1:
             log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 
+    def _grounded_base(self, load_policy: Any) -> str | None:
+        """Path of the visually grounded base checkpoint (rlkit.grounding), built when missing.
+
+        None when grounding is off or the policy is not a tiny build (a pretrained checkpoint
+        already reads images). Cached under paths.cache_dir/grounding/<hash of grounding, env and
+        policy configs>, built under a file lock and saved atomically, like the SFT warm start.
+        """
+        from rlkit.grounding import format_table, train_grounding
+        from rlkit.sft import sft_cache_key
+
+        cfg = self.cfg
+        if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
+            return None
+        key = sft_cache_key(cfg.grounding, cfg.env, cfg.policy)  # the same content hash, over the grounding config
+        out_dir = Path(cfg.paths.cache_dir) / "grounding" / key
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(out_dir.with_suffix(".lock")):
+            if (out_dir / "grounding_summary.json").is_file():
+                summary = json.loads((out_dir / "grounding_summary.json").read_text())
+                self.progress.say(f"grounding: reusing {out_dir} (held-out {summary['stop_metric']} accuracy "
+                                  f"{summary['final'][summary['stop_metric']]:.1%})")
+                return str(out_dir)
+            self.progress.say(f"grounding: building {out_dir} (cached for later runs)")
+            base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
+            summary = train_grounding(self.env_spec, base, self.grounding_cfg, out_dir,
+                                      progress=self.progress.grounding)
+            self.progress.say(f"grounding: {summary['steps']} steps, {summary['wall_time_s']:.0f}s; held-out "
+                              f"exact-match accuracy by task:\n" + format_table({"image": summary["final"]}))
+            del base
+        return str(out_dir)
+
     def _warm_start(self, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
-        """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing."""
+        """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
+
+        A tiny policy is first visually grounded (``_grounded_base``) and SFT starts from that.
+        """
         from rlkit.sft import sft_cache_key, train_sft
 
         cfg = self.cfg
-        key = sft_cache_key(cfg.sft, cfg.env, cfg.policy)
+        grounded = self._grounded_base(load_policy)
+        # A warm start from a grounded base also depends on how that base was grounded.
+        stage_key = cfg.sft if grounded is None else {"sft": OmegaConf.to_container(cfg.sft, resolve=True),
+                                                      "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
+        key = sft_cache_key(stage_key, cfg.env, cfg.policy)
         out_dir = Path(cfg.paths.cache_dir) / "sft" / key
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(out_dir.with_suffix(".lock")):
@@ -172,7 +212,7 @@ class NativeRun:
                 self.progress.say(f"SFT warm start: reusing {out_dir} (val success {summary['val_success']:.1%})")
                 return str(out_dir)
             self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
-            base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
+            base = instantiate_plugin(cfg.policy, "policy", base_path=grounded, train_mode="full")
             engine = make_engine(base)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0)
