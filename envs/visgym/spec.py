@@ -71,7 +71,8 @@ class VisGymMaze:
         max_turns: interactive: policy turns per episode (default 18: admits all 64 easy eval
             mazes). plan: the action budget of the single plan (stop included); the policy gets
             ``self.max_turns == 1`` turn.
-        parser: action format; interactive: "tuple" (VisGym), "tuple_answer", "keyword" (SkyRL);
+        parser: action format; interactive: "tuple" (VisGym, upstream-exact), "tuple_answer",
+            "tuple_lenient", "keyword" (SkyRL);
             plan: "plan".
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
