@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
+from PIL import Image
 
 from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
 from envs.visgym.gym_env import MazeEnv
 from envs.visgym.maze import VARIANT_SIZES
+from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
 
@@ -164,3 +166,11 @@ class VisGymMaze:
         """Assistant texts of the solver's episode on task ``seed`` in this env's output format
         (same as ``self.make().demonstration(seed)``; see ``MazeEpisode.demonstration``)."""
         return demonstration_texts(self.variant, self.mode, self.parser, seed)
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def render_trajectory(self, seed: int, infos: list[dict]) -> Image.Image:
+        """The picture of an episode on task ``seed`` from its per-turn infos (``StepOutput.info``,
+        in order): the start image with the executed path and the outcome marked (see
+        ``envs.visgym.picture``). RGB, the maze's size in pixels."""
+        return draw_episode(self.variant, self.cell_size, seed, infos)
