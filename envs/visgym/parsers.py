@@ -186,8 +186,9 @@ class UpstreamTupleParser(_Parser):
     and ``('move', 0) then ('note', 1)`` do nothing; ``('stop', 'go')`` stops; ``('move', 0x1)``,
     ``('move', +2)``, ``('move', 0b11)``, ``('move', (1))`` move; curly quotes cannot be evaluated.
 
-    One deliberate difference: a move whose direction is an int outside int64 makes upstream raise
-    (``Discrete.contains`` overflows); here it does not parse.
+    Deliberate differences (listed with the env's in envs/visgym/README.md): a move whose direction
+    is an int outside int64 makes upstream raise (``Discrete.contains`` overflows), here it does not
+    parse; ``literal_eval`` runs with warnings ignored (Python's default filters only print them).
 
     Cost: the whole output is read (an action after 20,000 characters of text is still found), in
     about linear time where upstream's scan is quadratic: only groups that can evaluate to an action

@@ -1,6 +1,7 @@
 """RGB rendering of a VisGym maze_2d state.
 
-Colour rules follow upstream VisGym maze_2d (commit 0289034, ``RandomMaze2DEnv._render_frame``):
+Colour rules follow upstream VisGym maze_2d (commit 0289034, ``RandomMaze2DEnv._render_frame``),
+checked frame by frame against upstream's own images in tests/envs/test_visgym_parity.py:
 white background, walls filled gray (169, 169, 169), the goal cell filled red (255, 0, 0), the agent
 a filled blue (0, 0, 255) disc, no grid lines; 25 pixels per cell by default (225x225 for easy,
 275x275 for hard).
@@ -12,8 +13,9 @@ truncates the centre and the radius to ints (centre ``cell // 2`` pixels into th
 centre (``agent_disc_mask``). For a 25-pixel cell that is 104 pixels, rows and columns 6..17.
 tests/envs/test_visgym_render.py compares it with pygame's own drawing for many cell sizes.
 
-What still differs from upstream on purpose is listed in envs/visgym/README.md (the white disc that
-upstream leaves on the goal cell).
+Difference from upstream, on purpose (envs/visgym/README.md lists all): upstream draws incrementally
+and leaves a white disc on the goal cell once the agent has stepped on it and off again; here every
+frame is drawn from the state (maze, agent, goal) alone, so the goal is always a full red cell.
 """
 
 from __future__ import annotations
