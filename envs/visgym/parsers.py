@@ -129,8 +129,9 @@ _SPACES_RE = re.compile(r"\s+")
 _BARE_NAME_RE = re.compile(r"\(\s*([A-Za-z_]\w*)(\s*,)")
 # A group can evaluate to a tuple whose first element is a str only if it opens with a str literal
 # (r/u prefixes allowed, parentheses around it allowed) or with a bare name and a comma (quoted).
-# Normalised text has no whitespace but single spaces. Used to skip groups without evaluating them.
-_MAY_BE_ACTION_RE = re.compile(r"\( ?(?:\( ?)*[rRuU]?['\"]|\( ?[A-Za-z_]\w* ?,")
+# ``_may_be_action`` checks that without evaluating the group.
+_PAREN_RUN_RE = re.compile(r"\([( ]*")
+_STR_OPENING_RE = re.compile(r"[rRuU]?['\"]")
 _ALNUM = frozenset(string.ascii_letters + string.digits)
 
 
@@ -154,6 +155,22 @@ def _paren_groups(text: str) -> list[tuple[int, int]]:
             groups.append((stack.pop(), m.end()))
     groups.sort()
     return groups
+
+
+def _may_be_action(text: str, start: int, run_ends: dict[int, int]) -> bool:
+    """Whether the group opening at ``start`` can evaluate to a tuple with a str first element:
+    its opening run of ``(`` and spaces ends at a string literal, or it is ``( name ,``."""
+    return bool(_STR_OPENING_RE.match(text, run_ends[start]) or _BARE_NAME_RE.match(text, start))
+
+
+def _paren_run_ends(text: str) -> dict[int, int]:
+    """For every ``(``: where the run of ``(`` and spaces it belongs to ends. O(len(text))."""
+    ends = {}
+    for m in _PAREN_RUN_RE.finditer(text):
+        for k in range(m.start(), m.end()):
+            if text[k] == "(":
+                ends[k] = m.end()
+    return ends
 
 
 def _literal(source: str):
@@ -213,8 +230,9 @@ class UpstreamTupleParser(_Parser):
         clean = _normalize_like_upstream(text)
         if clean:
             scanner = LiteralScanner(clean)
+            run_ends = _paren_run_ends(clean)
             for start, end in reversed(_paren_groups(clean)):
-                if not _MAY_BE_ACTION_RE.match(clean, start):
+                if not _may_be_action(clean, start, run_ends):
                     continue
                 m = _BARE_NAME_RE.match(clean, start)
                 first = (m.group(1), m.end()) if m else None

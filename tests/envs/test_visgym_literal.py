@@ -95,6 +95,8 @@ RUNAWAY = {
     "nested bare names": lambda k: "(move, " * k + "1 1" + ")" * k,
     "parens inside strings": lambda k: "('(', " * k + "1 1" + ")" * k,
     "nested, valid": lambda k: "('a', " * k + ")" * k,
+    "deep parentheses": lambda k: "( " * (3 * k) + "1" + " )" * (3 * k),
+    "deep parentheses, string inside": lambda k: "(" * (3 * k) + "'a'" + ")" * (3 * k),
 }
 
 
