@@ -73,6 +73,10 @@ class EnvSpec(Protocol):
     eval_seeds(): the fixed evaluation set (list of task seeds), e.g. visgym_easy_64 = 0..63.
     eval_set_name: its name for logs and result files.
     is_eval_seed(seed): True if training must never see this seed.
+
+    Optional: render_trajectory(seed, infos) -> PIL.Image, the picture of an episode on task `seed`
+    from its per-turn `StepOutput.info` dicts (in order), for evaluation tables and reports
+    (rlkit.report.episodes); without it they show the episode's first observation image.
     """
 
     max_turns: int

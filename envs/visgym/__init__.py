@@ -7,8 +7,12 @@ Public API:
     render_image(maze_map, agent, goal, cell_size) -> PIL image; render_text(...) -> str
     MazeEnv (gymnasium; ids rlkit/Maze2D-easy-v0, rlkit/Maze2D-hard-v0, registered on import)
     make_parser(name) -> parser with parse(text) -> ParsedAction | None
-    MazeEpisode (rlkit.types.EpisodeEnv), VisGymMaze (rlkit.types.EnvSpec), EVAL_SETS
+    MazeEpisode (rlkit.types.EpisodeEnv), VisGymMaze (rlkit.types.EnvSpec, with render_trajectory
+        for reports: picture.py), EVAL_SETS
     register_skyrl() -> registers the skyrl-gym id "rlkit-visgym-maze" (imports skyrl_gym)
+
+What follows upstream VisGym exactly, how the tests check it, and the few deliberate differences:
+envs/visgym/README.md.
 """
 
 from envs.visgym.episode import MazeEpisode, system_prompt

@@ -33,13 +33,15 @@ MODES = ("interactive", "plan")
 
 #: Parsers allowed per mode.
 MODE_PARSERS: dict[str, tuple[str, ...]] = {
-    "interactive": ("tuple", "tuple_answer", "keyword"),
+    "interactive": ("tuple", "tuple_answer", "tuple_lenient", "keyword"),
     "plan": ("plan",),
 }
 
 _TASK = "You are the blue dot in the maze. Reach the red square; gray cells are walls."
 _FORMAT = {
     "tuple": "Each turn reply ('move', d) with d 0 right, 1 up, 2 left, 3 down, "
+    "or ('stop', 'stop') on the red square.",
+    "tuple_lenient": "Each turn reply ('move', d) with d 0 right, 1 up, 2 left, 3 down, "
     "or ('stop', 'stop') on the red square.",
     "tuple_answer": "Each turn reply <answer>('move', d)</answer> with d 0 right, 1 up, 2 left, "
     "3 down, or <answer>('stop', 'stop')</answer> on the red square.",

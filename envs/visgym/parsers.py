@@ -2,11 +2,15 @@
 
 Chosen by name in the env config (``parser:``):
 
-- ``tuple`` (VisGym's own format): the last balanced ``( ... )`` group whose first element is an
-  action name, e.g. ``('move', 0)``, ``(move, 3)``, ``('stop', 'stop')``. Quotes are optional,
-  code fences and backticks are ignored. Moves use the upstream action numbering 0 right, 1 up,
-  2 left, 3 down.
-- ``tuple_answer``: the same, but only inside the last ``<answer>...</answer>`` block.
+- ``tuple`` (VisGym's own format, upstream-exact): yields exactly the action upstream VisGym takes
+  for the same output (commit 0289034: the harness's ``Interactor.parse_output``, then the maze env's
+  ``step``), e.g. ``('move', 0)``, ``(move, 3)``, ``('stop', 'stop')``; every output on which upstream
+  does nothing does not parse here. The rules are in ``UpstreamTupleParser``. Moves use the upstream
+  action numbering 0 right, 1 up, 2 left, 3 down.
+- ``tuple_answer``: the ``tuple`` rules applied to the content of the last ``<answer>...</answer>``
+  block only (no block: does not parse).
+- ``tuple_lenient`` (rlkit's earlier ``tuple``): reads more outputs than upstream does, see
+  ``LenientTupleParser`` for each difference. Success measured with it is not upstream's.
 - ``keyword`` (SkyRL's instruct recipe): the last ``<action>X</action>`` with X one of
   right, up, left, down, stop (case-insensitive).
 - ``plan`` (single-turn plan mode, our format): a whole route as words, e.g.
@@ -30,10 +34,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from envs.visgym.gym_env import STOP
+from envs.visgym.literal import FAIL, LiteralScanner, literal_eval_quiet
 from envs.visgym.maze import MOVE_NAMES
 
-#: Outputs longer than this (characters) are read from their last MAX_CHARS characters only, which
-#: bounds parsing time on runaway generations; every format reads the last action anyway.
+#: The keyword, plan and tuple_lenient parsers read outputs longer than this (characters) from their
+#: last MAX_CHARS characters only, which bounds parsing time on runaway generations. The tuple and
+#: tuple_answer parsers read the whole output, as upstream does, in linear time (envs/visgym/literal.py).
 MAX_CHARS = 20_000
 
 _WORDS = {name: i for i, name in enumerate(MOVE_NAMES)} | {"stop": STOP}
@@ -84,12 +90,15 @@ class _Parser(ABC):
         """The action(s) in ``text``, or None if it does not parse. Never raises."""
         return self.parse_with_reason(text)[0]
 
+    #: Read only the last MAX_CHARS characters (False: the parser bounds its own cost).
+    truncate = True
+
     def parse_with_reason(self, text: str) -> tuple[ParsedAction | None, str]:
         """``(ParsedAction, "")`` or ``(None, why)``; ``why`` is a short text for the model."""
         if not isinstance(text, str):
             return None, f"expected text, got {type(text).__name__}"
         try:
-            return self._parse(text[-MAX_CHARS:])
+            return self._parse(text[-MAX_CHARS:] if self.truncate else text)
         except Exception as e:  # a parser bug must not kill a rollout; report it as a parse failure
             return None, f"parser error ({type(e).__name__})"
 
@@ -98,24 +107,212 @@ class _Parser(ABC):
         """Parse a str; may raise on a bug (``parse_with_reason`` turns that into a failure)."""
 
 
-class TupleParser(_Parser):
-    """VisGym tuple format: ``('move', d)`` with d in 0..3, or ``('stop', 'stop')``.
+def format_tuple(actions: Sequence[int]) -> str:
+    """One action in VisGym's tuple format: ``('move', d)`` or ``('stop', 'stop')``.
 
-    The last innermost ``( ... )`` group whose first element (quotes stripped) is a known action
-    name wins, even if its argument is invalid (then the output does not parse). ``(stop)`` and
-    ``('stop',)`` are accepted for stop. With ``answer_only`` only the last ``<answer>`` block is read.
+    Raises:
+        ValueError: not exactly one action in 0..4.
+    """
+    if len(actions) != 1 or actions[0] not in _WORDS.values():
+        raise ValueError(f"tuple format takes exactly one action 0..4, got {list(actions)}")
+    return "('stop', 'stop')" if actions[0] == STOP else f"('move', {actions[0]})"
+
+
+# Upstream's clean-up of an output before it looks for tuples (Interactor._normalize): code fences
+# with their language tag, then any backtick, box and think markers, "Action:" labels; whitespace
+# runs become one space.
+_FENCE_RE = re.compile(r"```[\w-]*")
+_MARKERS = ("<|begin_of_box|>", "<|end_of_box|>", "\u25c1think\u25b7", "\u25c1/think\u25b7")
+_ACTION_LABEL_RE = re.compile(r"\bAction\s*:\s*", re.IGNORECASE)
+_SPACES_RE = re.compile(r"\s+")
+# A bare name as the first element, e.g. (move, 3): upstream quotes it before evaluating.
+_BARE_NAME_RE = re.compile(r"\(\s*([A-Za-z_]\w*)(\s*,)")
+# A group can evaluate to a tuple whose first element is a str only if it opens with a str literal
+# (r/u prefixes allowed, parentheses around it allowed) or with a bare name and a comma (quoted).
+# ``_may_be_action`` checks that without evaluating the group.
+_PAREN_RUN_RE = re.compile(r"\([( ]*")
+_STR_OPENING_RE = re.compile(r"[rRuU]?['\"]")
+_ALNUM = frozenset(string.ascii_letters + string.digits)
+
+
+def _normalize_like_upstream(text: str) -> str:
+    text = _FENCE_RE.sub("", text).replace("```", "").replace("`", "")
+    for marker in _MARKERS:
+        text = text.replace(marker, "")
+    text = _ACTION_LABEL_RE.sub(" ", text)
+    return _SPACES_RE.sub(" ", text).strip()
+
+
+def _paren_groups(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every balanced ``( ... )`` group (end exclusive), quotes not considered,
+    sorted by start. O(len(text)): one pass with a stack of open positions; a ``(`` never closed
+    opens no group, as in upstream's scan."""
+    groups, stack = [], []
+    for m in re.finditer(r"[()]", text):
+        if m.group() == "(":
+            stack.append(m.start())
+        elif stack:
+            groups.append((stack.pop(), m.end()))
+    groups.sort()
+    return groups
+
+
+def _may_be_action(text: str, start: int, run_ends: dict[int, int]) -> bool:
+    """Whether the group opening at ``start`` can evaluate to a tuple with a str first element:
+    its opening run of ``(`` and spaces ends at a string literal, or it is ``( name ,``."""
+    return bool(_STR_OPENING_RE.match(text, run_ends[start]) or _BARE_NAME_RE.match(text, start))
+
+
+def _paren_run_ends(text: str) -> dict[int, int]:
+    """For every ``(``: where the run of ``(`` and spaces it belongs to ends. O(len(text))."""
+    ends = {}
+    for m in _PAREN_RUN_RE.finditer(text):
+        for k in range(m.start(), m.end()):
+            if text[k] == "(":
+                ends[k] = m.end()
+    return ends
+
+
+def _literal(source: str):
+    """``ast.literal_eval(source)``, or ``_NOT_LITERAL`` where upstream's would raise."""
+    return literal_eval_quiet(source)
+
+
+_NOT_LITERAL = FAIL
+
+
+class UpstreamTupleParser(_Parser):
+    """``tuple``: the action upstream VisGym takes for a model output, no more, no less.
+
+    Follows VisGym commit 0289034: ``Interactor.parse_output(output)`` (prefer="last") then
+    ``RandomMaze2DEnv.step(action)``. Re-implemented from its documented behaviour, not copied:
+
+    1. Clean-up: code fences (```` ```lang ````), backticks, ``<|begin_of_box|>``-style box and
+       think markers and ``Action:`` labels (any case) are removed, whitespace runs become one space.
+    2. Every balanced ``( ... )`` group of the cleaned text (brackets matched without regard to
+       quotes; nested groups included) whose first element is a bare name followed by a comma gets
+       that name quoted (``(move, 3)`` -> ``('move', 3)``) and is evaluated with
+       ``ast.literal_eval``. The group that starts last among those evaluating to a tuple with a
+       ``str`` first element is the action text, whatever that name is.
+    3. No such group: the raw output itself is evaluated (so ``'move', 0`` without brackets moves).
+    4. The env acts only on a 2-tuple ``('move', d)`` with ``d`` an int (``True`` is 1) in 0..3, or
+       ``('stop', s)`` with ``s`` a str of 1 to 4 ASCII letters or digits; names are case-sensitive.
+       Anything else is a no-op upstream and does not parse here.
+
+    Consequences: ``('Move', 0)``, ``('move', '1')``, ``(stop)``, ``('stop',)``, ``('stop', '')``
+    and ``('move', 0) then ('note', 1)`` do nothing; ``('stop', 'go')`` stops; ``('move', 0x1)``,
+    ``('move', +2)``, ``('move', 0b11)``, ``('move', (1))`` move; curly quotes cannot be evaluated.
+
+    Deliberate differences (listed with the env's in envs/visgym/README.md): a move whose direction
+    is an int outside int64 makes upstream raise (``Discrete.contains`` overflows), here it does not
+    parse; ``literal_eval`` runs with warnings ignored (Python's default filters only print them).
+
+    Cost: the whole output is read (an action after 20,000 characters of text is still found), in
+    about linear time where upstream's scan is quadratic: only groups that can evaluate to an action
+    tuple (they open with a string literal or a bare name and a comma) are considered, from the last
+    one back; ``envs.visgym.literal.LiteralScanner`` decides what ``literal_eval`` would return for
+    each with every bracket parsed once, and the group acted on is confirmed with ``literal_eval``.
     """
 
-    def __init__(self, answer_only: bool = False):
-        self.answer_only = answer_only
-        self.name = "tuple_answer" if answer_only else "tuple"
+    name = "tuple"
+    truncate = False
 
     def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
-        if self.answer_only:
-            block = _last_answer_block(text)
-            if block is None:
-                return None, "no <answer>...</answer> block"
-            text = block
+        value, source = self._upstream_action(text)
+        if value is _NOT_LITERAL:
+            return None, "no action tuple found; reply ('move', d) with d 0..3, or ('stop', 'stop')"
+        return self._act(value, source)
+
+    @staticmethod
+    def _upstream_action(text: str):
+        """(value, source) of what upstream hands to the env: the last qualifying group, else the
+        raw output (value ``_NOT_LITERAL`` if it does not evaluate)."""
+        clean = _normalize_like_upstream(text)
+        if clean:
+            scanner = LiteralScanner(clean)
+            run_ends = _paren_run_ends(clean)
+            for start, end in reversed(_paren_groups(clean)):
+                if not _may_be_action(clean, start, run_ends):
+                    continue
+                m = _BARE_NAME_RE.match(clean, start)
+                first = (m.group(1), m.end()) if m else None
+                value = scanner.group(start, end, first)
+                if not (isinstance(value, tuple) and value and isinstance(value[0], str)):
+                    continue
+                source = clean[start:end]
+                if m:
+                    source = f"('{m.group(1)}'{m.group(2)}{clean[m.end():end]}"
+                confirmed = _literal(source)  # upstream's own evaluation of the chosen group
+                if isinstance(confirmed, tuple) and confirmed and isinstance(confirmed[0], str):
+                    return confirmed, source
+        return _literal(text), text
+
+    @staticmethod
+    def _act(value, source: str) -> tuple[ParsedAction | None, str]:
+        shown = source if len(source) <= 60 else source[:57] + "..."
+        if not isinstance(value, tuple) or len(value) != 2:
+            return None, f"{shown}: an action is a 2-tuple, ('move', d) or ('stop', 'stop')"
+        name, arg = value
+        if name == "move":
+            if isinstance(arg, int) and 0 <= arg < 4:
+                return ParsedAction((int(arg),), source), ""
+            return None, f"{shown}: direction must be the int 0 right, 1 up, 2 left or 3 down"
+        if name == "stop":
+            if isinstance(arg, str) and 1 <= len(arg) <= 4 and all(ch in _ALNUM for ch in arg):
+                return ParsedAction((STOP,), source), ""
+            return None, f"{shown}: stop takes a word of 1-4 letters or digits, e.g. ('stop', 'stop')"
+        return None, f"unknown action {str(name)[:20]!r}; use ('move', d) or ('stop', 'stop') (lowercase)"
+
+    def format(self, actions: Sequence[int]) -> str:
+        """One action as ``('move', 0)`` / ``('stop', 'stop')`` (see ``format_tuple``)."""
+        return format_tuple(actions)
+
+
+class AnswerTupleParser(UpstreamTupleParser):
+    """``tuple_answer``: ``UpstreamTupleParser``'s rules on the content of the last
+    ``<answer>...</answer>`` block (case-insensitive tags); no block: does not parse.
+
+    (Upstream's harness with ``elicit_verbalization`` instead reads the first ``<answer>`` block and
+    the whole output when there is none; this parser is rlkit's stricter format.)
+    """
+
+    name = "tuple_answer"
+
+    def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
+        block = _last_answer_block(text)
+        if block is None:
+            return None, "no <answer>...</answer> block"
+        return super()._parse(block)
+
+    def format(self, actions: Sequence[int]) -> str:
+        """One action as ``<answer>('move', 0)</answer>``. Raises ValueError unless exactly one action."""
+        return f"<answer>{format_tuple(actions)}</answer>"
+
+
+class LenientTupleParser(_Parser):
+    """``tuple_lenient``: the VisGym tuple format read leniently (rlkit's ``tuple`` before it followed
+    upstream exactly). Kept for policies that were trained or evaluated with it.
+
+    The last innermost ``( ... )`` group whose first element (quotes stripped) is ``move`` or
+    ``stop`` wins, even if its argument is invalid (then the output does not parse); only the last
+    ``MAX_CHARS`` characters are read. Where upstream VisGym (``UpstreamTupleParser``) differs:
+
+    - a later group whose name is not move/stop (``('move', 0) then ('note', 1)``) is skipped here
+      (moves); upstream takes it as the action and does nothing;
+    - names in any case (``('Move', 0)``, ``('STOP', 'STOP')``) act here; upstream does nothing;
+    - a quoted direction (``('move', '1')``) moves here; upstream does nothing;
+    - ``(stop)``, ``('stop',)``, ``('stop', '')`` stop here; upstream does nothing;
+    - stop takes only ``'stop'`` here, so ``('stop', 'go')`` does not parse; upstream stops on any
+      1-4 character letters/digits argument;
+    - Python literals (``('move', True)``, ``0x1``, ``+2``, ``0b11``, ``(1)``) do not parse here;
+      upstream evaluates them;
+    - curly quotes (``(\u2018move\u2019, 0)``) are stripped here; upstream cannot evaluate them;
+    - an action followed by more than ``MAX_CHARS`` characters is not seen here.
+    """
+
+    name = "tuple_lenient"
+
+    def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
         text = text.replace("`", "")
         unknown = None
         for m in reversed(list(_GROUP_RE.finditer(text))):
@@ -140,17 +337,8 @@ class TupleParser(_Parser):
         return None, "no ('move', d) or ('stop', 'stop') found"
 
     def format(self, actions: Sequence[int]) -> str:
-        """One action as the model should write it, e.g. ``('move', 0)``; ``<answer>``-wrapped
-        for ``tuple_answer``.
-
-        Raises:
-            ValueError: not exactly one action in 0..4.
-        """
-        if len(actions) != 1 or actions[0] not in _WORDS.values():
-            raise ValueError(f"tuple format takes exactly one action 0..4, got {list(actions)}")
-        a = actions[0]
-        out = "('stop', 'stop')" if a == STOP else f"('move', {a})"
-        return f"<answer>{out}</answer>" if self.answer_only else out
+        """One action as ``('move', 0)`` / ``('stop', 'stop')`` (see ``format_tuple``)."""
+        return format_tuple(actions)
 
 
 class KeywordParser(_Parser):
@@ -210,21 +398,23 @@ class PlanParser(_Parser):
 
 
 #: Parser names accepted by ``make_parser`` (and by the env config key ``parser``).
-PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "keyword", "plan")
+PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan")
+
+_PARSERS = {
+    "tuple": UpstreamTupleParser,
+    "tuple_answer": AnswerTupleParser,
+    "tuple_lenient": LenientTupleParser,
+    "keyword": KeywordParser,
+    "plan": PlanParser,
+}
 
 
-def make_parser(name: str) -> TupleParser | KeywordParser | PlanParser:
-    """The parser called ``name`` (tuple, tuple_answer, keyword, plan).
+def make_parser(name: str) -> _Parser:
+    """The parser called ``name`` (one of ``PARSER_NAMES``; see the module docstring).
 
     Raises:
         ValueError: unknown name.
     """
-    if name == "tuple":
-        return TupleParser()
-    if name == "tuple_answer":
-        return TupleParser(answer_only=True)
-    if name == "keyword":
-        return KeywordParser()
-    if name == "plan":
-        return PlanParser()
-    raise ValueError(f"unknown action parser {name!r}; choose one of {list(PARSER_NAMES)}")
+    if name not in _PARSERS:
+        raise ValueError(f"unknown action parser {name!r}; choose one of {list(PARSER_NAMES)}")
+    return _PARSERS[name]()

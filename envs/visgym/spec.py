@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
+from PIL import Image
 
 from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
 from envs.visgym.gym_env import MazeEnv
 from envs.visgym.maze import VARIANT_SIZES
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
+from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
 
@@ -72,7 +74,8 @@ class VisGymMaze:
         max_turns: interactive: policy turns per episode (default 18: admits all 64 easy eval
             mazes). plan: the action budget of the single plan (stop included); the policy gets
             ``self.max_turns == 1`` turn.
-        parser: action format; interactive: "tuple" (VisGym), "tuple_answer", "keyword" (SkyRL);
+        parser: action format; interactive: "tuple" (VisGym, upstream-exact), "tuple_answer",
+            "tuple_lenient", "keyword" (SkyRL);
             plan: "plan".
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
@@ -173,3 +176,11 @@ class VisGymMaze:
         """One grounding question on maze ``seed`` drawn with ``rng`` (see envs/visgym/grounding.py),
         rendered at this env's cell size."""
         return grounding_example(seed, task, rng, variant=self.variant, cell_size=self.cell_size)
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def render_trajectory(self, seed: int, infos: list[dict]) -> Image.Image:
+        """The picture of an episode on task ``seed`` from its per-turn infos (``StepOutput.info``,
+        in order): the start image with the executed path and the outcome marked (see
+        ``envs.visgym.picture``). RGB, the maze's size in pixels."""
+        return draw_episode(self.variant, self.cell_size, seed, infos)

@@ -7,23 +7,42 @@ from envs.visgym.parsers import MAX_CHARS
 
 R, U, L, D, S = 0, 1, 2, 3, 4
 
+# parser: tuple follows upstream VisGym exactly (Interactor.parse_output, then the env's step); the
+# recorded upstream actions for 326 outputs are checked in test_visgym_parity.py.
 TUPLE_CASES = [
     ("('move', 0)", (R,)),
     ("(move, 3)", (D,)),
     ('("move", 1)', (U,)),
-    ("('Move', '2')", (L,)),
     ("('stop', 'stop')", (S,)),
-    ("(stop, stop)", (S,)),
-    ("(stop)", (S,)),
     ("I go right: ('move', 0)", (R,)),
     ("('move', 0) then ('move', 1)", (U,)),  # the last tuple wins
     ("```python\n('move', 2)\n```", (L,)),  # code fences ignored
     ("`('move', 3)`", (D,)),  # backticks ignored
-    ("((move, 1))", (U,)),
-    ("\u2018move\u2019, 1", None),  # no parentheses
-    ("(\u2018move\u2019, 1)", (U,)),  # curly quotes
-    ("('move', 0) (sic)", (R,)),  # a later non-action group is skipped
+    ("Action: ('move', 1)", (U,)),
     ("<answer>('move', 3)</answer>", (D,)),
+    ("('move', 0) (sic)", (R,)),  # (sic) is not a tuple
+    ("((move, 1))", (U,)),  # the inner group gets its name quoted
+    ("'move', 0", (R,)),  # no group: upstream evaluates the whole output
+    # what upstream does and the lenient reading did not
+    ("('move', 0) then ('note', 1)", None),  # the last tuple with a str name is the action
+    ("('Move', 0)", None),
+    ("('STOP', 'STOP')", None),
+    ("('move', '1')", None),
+    ("(stop)", None),
+    ("('stop',)", None),
+    ("('stop', '')", None),
+    ("(stop, stop)", None),  # only the first bare name is quoted
+    ("('stop', 'go')", (S,)),
+    ("('stop', 'end')", (S,)),
+    ("(stop, '1')", (S,)),
+    ("('move', True)", (U,)),
+    ("('move', 0x1)", (U,)),
+    ("('move', +2)", (L,)),
+    ("('move', 0b11)", (D,)),
+    ("('move', (1))", (U,)),
+    ("(\u2018move\u2019, 0)", None),  # curly quotes do not evaluate
+    ("('move', 0)" + " x" * 15_000, (R,)),  # read past the last 20,000 characters
+    # invalid in both readings
     ("('move', 4)", None),
     ("('move', -1)", None),
     ("('move', 'right')", None),
@@ -31,7 +50,8 @@ TUPLE_CASES = [
     ("('move', 1, 2)", None),
     ("('move', \u0661)", None),  # non-ASCII digit
     ("('move', 1) ('move', 9)", None),  # the last action tuple is invalid
-    ("('stop', 'go')", None),
+    ("('move', 10**30)", None),
+    ("('move', 99999999999999999999999)", None),  # upstream raises (int64 overflow); a no-op here
     ("('jump', 1)", None),
     ("move 0", None),
     ("", None),
@@ -40,6 +60,20 @@ TUPLE_CASES = [
     ("(" * 5000 + "'move', 0", None),
     ("x" * 10_000 + "('move', 0)", (R,)),
     ("\u79fb\u52a8 (\u53f3) \U0001f600", None),
+]
+
+# tuple_lenient: rlkit's earlier reading, kept under its own name.
+LENIENT_CASES = [
+    ("('move', 0)", (R,)),
+    ("(move, 3)", (D,)),
+    ("('Move', '2')", (L,)),
+    ("(stop, stop)", (S,)),
+    ("(stop)", (S,)),
+    ("('move', 0) then ('note', 1)", (R,)),
+    ("(\u2018move\u2019, 1)", (U,)),
+    ("('stop', 'go')", None),
+    ("('move', True)", None),
+    ("('move', 0)" + " x" * 15_000, None),  # only the last MAX_CHARS characters are read
 ]
 
 KEYWORD_CASES = [
@@ -97,6 +131,11 @@ def test_tuple_parser(text, expected):
     _check("tuple", text, expected)
 
 
+@pytest.mark.parametrize("text,expected", LENIENT_CASES)
+def test_tuple_lenient_parser(text, expected):
+    _check("tuple_lenient", text, expected)
+
+
 @pytest.mark.parametrize("text,expected", KEYWORD_CASES)
 def test_keyword_parser(text, expected):
     _check("keyword", text, expected)
@@ -113,7 +152,8 @@ def test_plan_parser(text, expected):
         ("<answer>('move', 1)</answer>", (U,)),
         ("('move', 0) <answer>('move', 2)</answer>", (L,)),
         ("('move', 1)", None),  # outside <answer>
-        ("<ANSWER>(stop, stop)</ANSWER>", (S,)),
+        ("<ANSWER>(stop, 'stop')</ANSWER>", (S,)),
+        ("<answer>('Move', 1)</answer>", None),  # upstream's tuple rules inside the block
     ],
 )
 def test_tuple_answer_parser(text, expected):
@@ -157,7 +197,11 @@ def test_unknown_parser_name():
 
 
 def test_reasons_are_informative():
-    assert "direction" in make_parser("tuple").parse_with_reason("('move', 7)")[1]
-    assert "jump" in make_parser("tuple").parse_with_reason("('jump', 1)")[1]
+    for name in ("tuple", "tuple_lenient"):
+        assert "direction" in make_parser(name).parse_with_reason("('move', 7)")[1]
+        assert "jump" in make_parser(name).parse_with_reason("('jump', 1)")[1]
+    assert "lowercase" in make_parser("tuple").parse_with_reason("('Move', 1)")[1]
+    assert "2-tuple" in make_parser("tuple").parse_with_reason("('stop',)")[1]
+    assert "1-4 letters" in make_parser("tuple").parse_with_reason("('stop', '')")[1]
     assert "<action>" in make_parser("keyword").parse_with_reason("up")[1]
     assert "'2'" in make_parser("plan").parse_with_reason("<answer>up 2</answer>")[1]

@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from envs.visgym import VisGymMaze
+from envs.visgym.picture import OK_COLOUR, PATH_COLOUR, episode_cells
 from rlkit.report.data import Job, best_job, best_jobs, load
-from rlkit.report.episodes import OK_COLOUR, PATH_COLOUR, replay, strip, trajectory_image, visgym_cells
+from rlkit.report.episodes import replay, strip, trajectory_image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +98,7 @@ def test_drawn_path_follows_the_env(mode, parser):
     seed = 5
     solved = replay(spec, seed, spec.demonstration(seed))
     assert solved.success
-    cells, stopped = visgym_cells("easy", spec.cell_size, seed, solved.infos)
+    cells, stopped = episode_cells("easy", spec.cell_size, seed, solved.infos)
     assert stopped and len(cells) == len(spec.solution(seed))  # start + one cell per move
     if mode == "interactive":  # the env's own per-turn positions are the replayed path
         assert [tuple(i["agent"]) for i in solved.infos if i["action"] != "stop"] == cells[1:]
@@ -112,7 +114,7 @@ def test_failed_and_unparsable_episodes_draw_without_a_path():
     spec = VisGymMaze(variant="easy", mode="plan", parser="plan", max_turns=18)
     garbage = replay(spec, 0, ["no route here"])
     assert not garbage.success and garbage.infos[0]["parse_ok"] is False
-    cells, stopped = visgym_cells("easy", 25, 0, garbage.infos)
+    cells, stopped = episode_cells("easy", 25, 0, garbage.infos)
     assert len(cells) == 1 and not stopped
     assert trajectory_image(spec, 0, garbage.infos, scale=0.5).size == (112, 112)
     s = strip([trajectory_image(spec, 0, garbage.infos)] * 2, ["a", "b"])
@@ -132,3 +134,41 @@ def test_eval_outcomes_json_matches_the_replay(smoke_run):
     for t in final["tasks"]:
         rp = replay(spec, t["seed"], t["actions"])
         assert rp.success == t["success"] and rp.turns == t["turns"]
+
+
+class _PictureSpec:
+    """An env spec that offers its own picture of an episode (rlkit.types.EnvSpec.render_trajectory)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def render_trajectory(self, seed, infos):
+        self.calls.append((seed, infos))
+        return Image.new("L", (10, 6), 7)
+
+
+def test_reports_draw_whatever_env_provides_a_picture():
+    spec = _PictureSpec()
+    img = trajectory_image(spec, 3, [{"x": 1}], scale=2.0)
+    assert spec.calls == [(3, [{"x": 1}])] and img.mode == "RGB" and img.size == (20, 12)
+
+
+def test_env_without_a_picture_shows_its_first_observation():
+    from rlkit.types import Observation
+
+    class _Episode:
+        def reset(self, seed):
+            return Observation(text="hi", images=[Image.new("RGB", (4, 4), (seed, 0, 0))])
+
+    class _Spec:
+        def make(self):
+            return _Episode()
+
+    assert trajectory_image(_Spec(), 9, []).getpixel((0, 0)) == (9, 0, 0)
+
+
+def test_visgym_offers_its_episode_picture():
+    spec = VisGymMaze(variant="easy", mode="plan", parser="plan", max_turns=18)
+    seed = 2
+    infos = replay(spec, seed, spec.demonstration(seed)).infos
+    assert (np.asarray(trajectory_image(spec, seed, infos)) == np.asarray(spec.render_trajectory(seed, infos))).all()
