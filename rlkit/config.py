@@ -123,7 +123,7 @@ class GroundingConfig:
     target_accuracy: float = 0.99
     val_questions: int = 256
     eval_every: int = 50
-    curriculum: list[Any] = field(default_factory=lambda: [["agent", "goal"], ["agent", "goal", "moves", "cell"]])
+    curriculum: list[Any] = field(default_factory=lambda: [["agent"], ["agent", "goal", "moves", "cell"]])
     advance_accuracy: float = 0.9
     seed: int = 4321
 

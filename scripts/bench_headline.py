@@ -41,7 +41,7 @@ def curve(run_dir: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/headline")
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for train.py (after --)")
@@ -65,8 +65,10 @@ def main() -> None:
             sft = json.loads(p.read_text())
         report["runs"].append({"seed": seed, "result": result, "curve": rows, "process_wall_s": total,
                                "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")}})
-        print(f"\nseed {seed}: success {result['eval_success_before']:.1%} -> {result['eval_success_after']:.1%} "
-              f"({result['steps_completed']} steps, {result['wall_time_s']:.0f}s training)")
+        before = result["eval_success_before"]
+        print(f"\nheadline: warm start {'-' if before is None else f'{before:.1%}'} -> {result['eval_success_after']:.1%} "
+              f"after {result['steps_completed']} steps in {result['wall_time_s']:.0f} s (seed {seed}; "
+              f"{total:.0f} s with the one-time builds of a first run)")
         print(f"{'step':>6} {'train s':>8} {'success':>8}")
         for r in rows:
             print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}")
