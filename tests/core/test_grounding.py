@@ -79,29 +79,43 @@ def test_unknown_task_is_refused(full_policy):
         train_grounding(VisGymMaze(), full_policy, GroundingConfig(curriculum=[["agent"], ["colour"]], max_steps=1))
 
 
-GROUNDING_SIZES = dict(text_hidden=96, text_layers=2, text_heads=3, text_kv_heads=1, head_dim=32,
-                       text_intermediate=256, vision_hidden=32, vision_depth=1, vision_heads=1,
-                       vision_intermediate=64, deepstack_indexes=[0])
+class OneCellMaze(VisGymMaze):
+    """VisGym with one grounding question: "What is in row 4, column 3?" (a wall bit: wall or free
+    about half the time). The smallest question that needs the image; learned in tens of steps."""
+
+    grounding_tasks = ("cell43",)
+
+    def grounding_example(self, seed, task, rng):
+        from dataclasses import replace
+
+        from envs.visgym.grounding import cell_answer
+        from envs.visgym.maze import generate_maze
+
+        ex = super().grounding_example(seed, "cell", rng)
+        maze_map, _, _ = generate_maze(seed, 9)
+        # the layout's bit (the agent or goal sits on (4, 3) in ~2% of these pictures)
+        answer = "wall" if maze_map[4, 3] == 1 else "free"
+        return replace(ex, task="cell43", question="What is in row 4, column 3?", answer=answer, wall_bit=True)
 
 
 def test_short_grounding_run_reads_the_image(tmp_path):
-    """Where is the blue dot? Trained on real images the policy answers held-out mazes; its blind
-    control (same model, steps and questions, one fixed image) can only guess among ~40 free cells."""
+    """Trained on real images, the policy answers held-out mazes; its blind control (same model,
+    steps and questions, one fixed image) can only learn the majority answer (about 50%)."""
     from rlkit.policy import load_policy
 
-    cfg = GroundingConfig(curriculum=[["agent"]], max_steps=STEPS, batch_size=16, lr=3e-3, eval_every=STEPS,
-                          val_questions=64, target_accuracy=2.0)
+    cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=40, batch_size=32, lr=1e-3, eval_every=40,
+                          val_questions=128, target_accuracy=2.0)
     results = {}
     for arm in ("image", "blind"):
-        torch.manual_seed(0)
-        policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path), seed=0)
-        results[arm] = train_grounding(VisGymMaze(), policy, cfg, out_dir=tmp_path / arm if arm == "image" else None,
+        policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+        results[arm] = train_grounding(OneCellMaze(), policy, cfg, out_dir=tmp_path / arm if arm == "image" else None,
                                        blind=(arm == "blind"))
-    image, blind = results["image"]["final"]["agent"], results["blind"]["final"]["agent"]
-    assert blind <= 0.1, results["blind"]
-    assert image >= blind + 0.3, (image, blind)
+    image, blind = results["image"]["final"]["cell43"], results["blind"]["final"]["cell43"]
+    assert blind <= 0.7, results["blind"]  # the majority answer, not the maze
+    assert image >= 0.9 and image >= blind + 0.25, (image, blind)
     saved = json.loads((tmp_path / "image" / "grounding_summary.json").read_text())
-    assert saved["final"]["agent"] == image and (tmp_path / "image" / "config.json").is_file()
+    assert saved["final"]["cell43"] == image and (tmp_path / "image" / "config.json").is_file()
 
 
-STEPS = 100
+GROUNDING_SIZES = dict(text_hidden=192, text_layers=4, text_heads=6, text_kv_heads=2, head_dim=32,
+                       text_intermediate=512)
