@@ -35,6 +35,23 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
 
 
+def instantiate_reward(node: Any) -> Any:
+    """The guarded reward of a ``conf/reward/*.yaml`` node: the plug-in built from the node without
+    its guard keys (``timeout_s``, ``on_error``), wrapped in rlkit.reward_guard.GuardedReward.
+
+    Raises: ConfigError for a bad ``timeout_s`` / ``on_error`` (naming the key and its range) or a
+    reward that cannot be built (see instantiate_plugin).
+    """
+    from rlkit.reward_guard import GuardedReward, split_guard_keys
+
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    try:
+        rest, timeout_s, on_error = split_guard_keys(plain)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return GuardedReward(instantiate_plugin(OmegaConf.create(rest), "reward"), timeout_s=timeout_s, on_error=on_error)
+
+
 def to_dataclass(node: DictConfig, cls: type) -> Any:
     """A typed config node (validated at compose time) as its dataclass."""
     obj = OmegaConf.to_object(node)

@@ -31,7 +31,7 @@ from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
-from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
+from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 from rlkit.tasks import TaskSampler
 from rlkit.update import grpo_update, make_scheduler
 
@@ -85,7 +85,7 @@ class NativeRun:
             torch.use_deterministic_algorithms(True)
         _seed_everything(cfg.seed)
         self.env_spec = instantiate_plugin(cfg.env, "env")
-        self.reward_fn = instantiate_plugin(cfg.reward, "reward")
+        self.reward_fn = instantiate_reward(cfg.reward)  # GuardedReward: time limit and on_error
         from rlkit.metrics_export import with_cluster_metrics
 
         # built (and its keys checked) before the long SFT warm start; started after resume
@@ -297,8 +297,11 @@ class NativeRun:
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
         t1 = time.time()
+        failed_before = self.reward_fn.failures.count
         rewards_out = [self.reward_fn(t.episode) for t in trajs]
         timing["timing/reward"] = timing.get("timing/reward", 0.0) + time.time() - t1
+        # reward calls counted as 0 under reward.on_error=zero (each is logged as a warning)
+        timing["reward/failures"] = timing.get("reward/failures", 0.0) + self.reward_fn.failures.count - failed_before
         return trajs, rewards_out, extra
 
     def train_step(self, step: int) -> dict[str, float]:

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.settings import SkyRLSettings
 from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
-from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
+from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 
 #: The SkyRL release whose config schema this module targets.
 SKYRL_VERSION = "0.3.0"
@@ -453,7 +453,7 @@ def find_skyrl_adapter(env_target: str) -> Callable[[], str]:
 
 def _env_and_reward(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     env_spec = instantiate_plugin(cfg.env, "env")
-    instantiate_plugin(cfg.reward, "reward")  # fail here, not in the Ray job, on a bad reward config
+    instantiate_reward(cfg.reward)  # fail here, not in the Ray job, on a bad reward config
     env_target = _target(cfg.env)
     register = find_skyrl_adapter(env_target)
     env_id = register()
