@@ -103,18 +103,28 @@ ERROR_FILE = "error.txt"
 def run(cfg: DictConfig) -> dict:
     """Run one job with the configured backend; returns the job's result dict (also result.json).
 
-    Raises: whatever the job raised, after writing it to ``<paths.output_dir>/error.txt``.
+    Holds the run folder's lock (rlkit.run_lock) for the whole job.
+
+    Raises: RunFolderBusyError (a ConfigError) when another live run holds the folder; whatever the
+    job raised, after writing it to ``<paths.output_dir>/error.txt``.
     """
+    import contextlib
+
+    from rlkit import run_lock
+
     out = _output_dir(cfg)
-    if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
-        (out / ERROR_FILE).unlink(missing_ok=True)
-    try:
-        check_top_level_keys(cfg)
-        backend = instantiate_plugin(cfg.backend, "backend")
-        return backend.run(cfg)
-    except Exception as e:
-        _write_error(cfg, e)
-        raise
+    # one run per folder (taken earlier by the Hydra callback in a train.py run; re-entrant). A refusal
+    # is raised before the try below, so the other run's error.txt is left alone.
+    with run_lock.locked(out) if out is not None else contextlib.nullcontext():
+        if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
+            (out / ERROR_FILE).unlink(missing_ok=True)
+        try:
+            check_top_level_keys(cfg)
+            backend = instantiate_plugin(cfg.backend, "backend")
+            return backend.run(cfg)
+        except Exception as e:
+            _write_error(cfg, e)
+            raise
 
 
 def _output_dir(cfg: DictConfig) -> Path | None:
