@@ -37,8 +37,16 @@ from rlkit.update import grpo_update, make_scheduler
 
 log = logging.getLogger(__name__)
 
-# Keys whose change makes a checkpoint a different experiment: resuming across them is refused.
-EXPERIMENT_KEYS = ("env", "reward", "policy", "algorithm", "group_size", "tasks_per_step", "seed", "sft", "rollout")
+#: Config keys (dotted; a key covers everything under it) that may change when a run resumes. The new
+#: values apply from the resumed step on: ``steps`` (train to the new total; a cosine schedule
+#: stretches to it), ``lr`` (the base learning rate; the schedule's factor at the resumed step is
+#: kept), loop cadence and checkpointing (``trainer``), where metrics go (``logger``), how the job runs
+#: (``backend``, ``paths``), the extra pass@k evaluation and the reward's guard (time limit, on_error).
+#: A change to any other key (env, reward, policy, algorithm, rollout, sft, seed, group_size,
+#: tasks_per_step, eval.num_tasks, ...) makes it another experiment: resuming is refused, listing them.
+#: Each resume that changes something appends what changed, and from which step, to resumes.jsonl.
+RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "reward.timeout_s",
+                  "reward.on_error")
 
 
 @dataclass
@@ -204,7 +212,7 @@ class NativeRun:
             self.progress.say("starting fresh (no checkpoint to resume from)")
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
-        self._check_same_experiment(path)
+        changes = self._check_same_experiment(path)
         self.policy.load_adapter(path / "adapter")
         trainer_state = torch.load(path / "optimizer.pt", weights_only=True)
         self.optimizer.load_state_dict(trainer_state["optimizer"])
@@ -221,20 +229,47 @@ class NativeRun:
         # drop what was logged after this checkpoint (the lost part of the run), by line count
         self.metrics_file.truncate_lines(meta.get("metrics_lines", 0))
         self.progress.say(f"resuming from {path} at step {self.state.step}")
+        self._apply_resume_changes(path, changes)
 
-    def _check_same_experiment(self, path: Path) -> None:
-        old = OmegaConf.load(path / "config.yaml")
+    def _check_same_experiment(self, path: Path) -> dict[str, tuple[Any, Any]]:
+        """Compare this run's config with the checkpoint's; returns the changed RESUMABLE_KEYS leaves
+        as {dotted key: (checkpoint value, new value)}.
 
-        def plain(v: Any) -> Any:
-            return OmegaConf.to_container(v, resolve=False) if OmegaConf.is_config(v) else v
-
-        changed = [k for k in EXPERIMENT_KEYS if plain(old.get(k)) != plain(self.cfg.get(k))]
-        if changed:
+        Raises: CheckpointError listing every changed key outside RESUMABLE_KEYS, with the fix.
+        """
+        changes = config_changes(OmegaConf.load(path / "config.yaml"), self.cfg)
+        refused = sorted(k for k in changes if not _resumable(k))
+        if refused:
+            shown = ", ".join(f"{k} ({changes[k][0]!r} -> {changes[k][1]!r})" for k in refused[:12])
+            more = f" and {len(refused) - 12} more" if len(refused) > 12 else ""
             raise ckpt.CheckpointError(
-                f"cannot resume from {path}: these keys change the experiment: {', '.join(sorted(changed))}. "
-                f"Restore them, or start a new run (another hydra.run.dir, or trainer.resume_mode=none "
-                f"trainer.overwrite=true)."
+                f"cannot resume from {path}: these keys change the experiment: {shown}{more}. "
+                f"On resume only these may change: {', '.join(RESUMABLE_KEYS)}. Restore the others, or start a "
+                f"new run (another hydra.run.dir, or trainer.resume_mode=none trainer.overwrite=true)."
             )
+        return changes
+
+    def _apply_resume_changes(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:
+        """Make the resumed run use its new settings (RESUMABLE_KEYS) and record them in resumes.jsonl.
+
+        ``lr``: the checkpoint's optimizer and scheduler carry the old base lr; replace it, keeping
+        the schedule's factor at the resumed step. The other keys are read from cfg as the loop goes.
+        """
+        if "lr" in changes:
+            lr = float(self.cfg.lr)
+            factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+            self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = lr
+                group["lr"] = lr * factor
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        if changes:
+            shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in sorted(changes.items())))
+            self.progress.say(f"resuming with changed settings from step {self.state.step + 1}: {shown}")
+            record = {"from_step": self.state.step + 1, "checkpoint": str(path),
+                      "changes": {k: {"was": a, "now": b} for k, (a, b) in sorted(changes.items())}}
+            with open(self.out / "resumes.jsonl", "a") as f:
+                f.write(json.dumps(record, default=str) + "\n")
 
     def _save(self, step: int) -> None:
         cfg_yaml = OmegaConf.to_yaml(self.cfg, resolve=False)
@@ -520,3 +555,24 @@ class _file_lock:
 
         fcntl.flock(self.fh, fcntl.LOCK_UN)
         self.fh.close()
+
+
+def config_changes(old: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """Leaves that differ between two configs (unresolved), as {dotted key: (old, new)}; a key present
+    in one only compares with None. Lists are compared as values."""
+
+    def flat(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                flat(v, f"{prefix}.{k}" if prefix else str(k), out)
+        else:
+            out[prefix] = node
+        return out
+
+    a = flat(OmegaConf.to_container(old, resolve=False), "", {})
+    b = flat(OmegaConf.to_container(new, resolve=False), "", {})
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)
