@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
+from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig, check_ranges
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
@@ -143,26 +143,15 @@ class NativeRun:
 
     def _validate(self) -> None:
         cfg = self.cfg
-        for key in ("steps", "group_size", "tasks_per_step"):
-            if cfg[key] < (0 if key == "steps" else 1):
-                raise ConfigError(f"{key}={cfg[key]} must be >= {0 if key == 'steps' else 1}")
-        if self.trainer.resume_mode not in ("latest", "none", "from_path"):
-            raise ConfigError(f"trainer.resume_mode={self.trainer.resume_mode!r}: use latest, none or from_path")
+        problems = check_ranges(cfg)  # every typed field's valid range (rlkit.config.RANGES)
+        if self.trainer.max_ckpts_to_keep < 0:
+            problems.append(f"trainer.max_ckpts_to_keep={self.trainer.max_ckpts_to_keep} must be an integer >= 0 "
+                            "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
-            raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
-        if not cfg.lr > 0:
-            raise ConfigError(f"lr={cfg.lr} must be > 0")
-        if self.sft_cfg.enabled:
-            for key in ("batch_size", "max_steps", "eval_every", "val_tasks"):
-                if getattr(self.sft_cfg, key) < 1:
-                    raise ConfigError(f"sft.{key}={getattr(self.sft_cfg, key)} must be >= 1 (or sft.enabled=false)")
-            if not self.sft_cfg.lr > 0:
-                raise ConfigError(f"sft.lr={self.sft_cfg.lr} must be > 0")
-        if self.algo.micro_batch_size < 1 or (self.algo.mini_batch_size is not None and self.algo.mini_batch_size < 1):
-            raise ConfigError("algorithm.micro_batch_size and algorithm.mini_batch_size must be >= 1")
-        if self.algo.dynamic_sampling_max_rounds < 0:
-            raise ConfigError(f"algorithm.dynamic_sampling_max_rounds={self.algo.dynamic_sampling_max_rounds} "
-                              "must be >= 0 (0 = off)")
+            problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if problems:
+            raise ConfigError(problems[0] if len(problems) == 1 else
+                              f"{len(problems)} bad values: " + "; ".join(problems))
         if cfg.group_size == 1:
             log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 

@@ -145,6 +145,9 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
     steps, group_size, tasks_per_step = int(cfg.steps), int(cfg.group_size), int(cfg.tasks_per_step)
 
+    from rlkit.config import check_ranges
+
+    problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
     _check_unsupported(algo, trainer, sft, eval_cfg, steps, group_size, problems)
     env_spec, task = _env_and_reward(cfg)
     policy = _policy(cfg, problems)
