@@ -298,9 +298,12 @@ class NativeRun:
                         pass_k=self.eval_cfg.pass_k, pass_k_sampling=replace(self.sampling, seed=self.cfg.seed + step))
 
     def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
-        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here)."""
+        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here).
+
+        Step ``step`` (1-based) samples with the adapter after ``step - 1`` updates: policy_version
+        ``step - 1``, as backend=native_ray's published version (rlkit.rollout.Trajectory)."""
         trajs = rollout(self.env_spec, self.policy, self.engine, seeds, self.cfg.group_size, sampling,
-                        policy_version=step)
+                        policy_version=step - 1)
         return trajs, {}
 
     def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor) -> dict[str, float]:
