@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,28 @@ def run(cfg: DictConfig) -> dict:
             backend = instantiate_plugin(cfg.backend, "backend")
             return backend.run(cfg)
         except Exception as e:
+            e = _explain_disk_full(e)
             _write_error(cfg, e)
-            raise
+            raise e
+
+
+class DiskFullError(OSError):
+    """A write failed because its filesystem is full; the message names the path."""
+
+
+def _explain_disk_full(err: Exception) -> Exception:
+    """``err`` itself, or for a bare ENOSPC/EDQUOT OSError (metrics, results, exports) a DiskFullError
+    saying "no space left on <folder> while writing <file>" (checkpoints say so themselves)."""
+    import errno
+
+    if isinstance(err, OSError) and not isinstance(err, DiskFullError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        target = err.filename or "a file"
+        folder = Path(err.filename).parent if err.filename else "the run folder"
+        new = DiskFullError(err.errno, f"no space left on {folder} while writing {target}; free space and resume "
+                            "(the last complete checkpoint is kept)")
+        new.__cause__ = err
+        return new
+    return err
 
 
 def _output_dir(cfg: DictConfig) -> Path | None:
@@ -143,6 +164,12 @@ def _write_error(cfg: DictConfig, err: BaseException) -> None:
         out = _output_dir(cfg)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            (out / ERROR_FILE).write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
+            # written whole or not at all (a full disk must not leave an empty error.txt)
+            tmp = out / f".{ERROR_FILE}.tmp"
+            try:
+                tmp.write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
+                os.replace(tmp, out / ERROR_FILE)
+            finally:
+                tmp.unlink(missing_ok=True)
     except Exception:  # noqa: BLE001 - never hide the job's own error behind this one
         pass
