@@ -324,11 +324,12 @@ class NativeRun:
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
         t1 = time.time()
-        failed_before = self.reward_fn.failures.count
+        failures = getattr(self.reward_fn, "failures", None)  # a GuardedReward's (rlkit.reward_guard)
+        failed_before = failures.count if failures is not None else 0
         rewards_out = [self.reward_fn(t.episode) for t in trajs]
         timing["timing/reward"] = timing.get("timing/reward", 0.0) + time.time() - t1
-        # reward calls counted as 0 under reward.on_error=zero (each is logged as a warning)
-        timing["reward/failures"] = timing.get("reward/failures", 0.0) + self.reward_fn.failures.count - failed_before
+        if failures is not None:  # reward calls counted as 0 under reward.on_error=zero (each logged as a warning)
+            timing["reward/failures"] = timing.get("reward/failures", 0.0) + failures.count - failed_before
         return trajs, rewards_out, extra
 
     def train_step(self, step: int) -> dict[str, float]:
