@@ -117,8 +117,9 @@ def save(root: Path, step: int, write_contents: Callable[[Path], None], max_to_k
     Returns: the final checkpoint directory.
 
     Raises:
-        CheckpointError: the disk is full or the folder is not writable; the previous checkpoint
-            and ``latest`` are left untouched and the temp directory is removed.
+        CheckpointError: the disk is full ("no space left on <mount> while writing <file>") or the
+            folder is not writable; the previous checkpoint and ``latest`` are left untouched and
+            the temp directory is removed. Other errors of ``write_contents`` propagate unchanged.
     """
     root = Path(root)
     final = root / step_dir_name(step)
@@ -135,19 +136,64 @@ def save(root: Path, step: int, write_contents: Callable[[Path], None], max_to_k
         os.rename(tmp, final)
         fsync_path(root)
         _point_latest(root, final.name)
-    except OSError as e:
+    except Exception as e:
+        # torch.save reports a full disk as a RuntimeError without errno ("unexpected pos ..."), so a
+        # failed write with (almost) no free space left counts as a full disk too; measured before
+        # the partial checkpoint is removed
+        full = no_space(e, root)
+        what = _newest_file(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        why = {errno.ENOSPC: "the disk is full", errno.EACCES: "the folder is not writable",
-               errno.EROFS: "the filesystem is read-only", errno.EDQUOT: "the disk quota is exceeded"}
-        reason = why.get(e.errno, str(e))
+        if not (full or isinstance(e, OSError)):
+            raise
+        latest = find_latest(root)
+        kept = f"The last complete checkpoint ({latest.name}) is intact" if latest else "No earlier checkpoint exists"
+        if full:
+            reason = f"no space left on {_mount_point(root)} while writing {what or 'its files'}"
+        else:
+            why = {errno.EACCES: "the folder is not writable", errno.EROFS: "the filesystem is read-only"}
+            reason = f"{why.get(e.errno, str(e))} (writing {what or 'its files'})"
         raise CheckpointError(
-            f"could not write checkpoint step {step} under {root}: {reason}. The previous checkpoint "
-            f"is intact; free space or point trainer/paths at a writable folder and resume with "
+            f"could not write checkpoint step {step} under {root}: {reason}. {kept}; free space (or lower "
+            f"trainer.max_ckpts_to_keep) or point paths at a writable folder, and resume with "
             f"trainer.resume_mode=latest."
         ) from e
     if max_to_keep > 0:
         prune(root, max_to_keep)
     return final
+
+
+#: A failed write with less free space than this (bytes) on its filesystem counts as a full disk.
+LOW_SPACE_BYTES = 1 << 20
+
+
+def no_space(err: BaseException, path: Path) -> bool:
+    """True when ``err`` (or an exception it was raised from) is ENOSPC / EDQUOT, or when the
+    filesystem of ``path`` has less than LOW_SPACE_BYTES available (torch's writer drops the errno)."""
+    e: BaseException | None = err
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(path).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
+
+
+def _newest_file(folder: Path) -> str | None:
+    """The most recently written file under ``folder`` (relative), i.e. the one a write failed on."""
+    try:
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        return max(files, key=lambda p: p.stat().st_mtime_ns).relative_to(folder).as_posix() if files else None
+    except OSError:
+        return None
+
+
+def _mount_point(path: Path) -> str:
+    p = Path(path).resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return str(p)
 
 
 def _point_latest(root: Path, name: str) -> None:

@@ -44,7 +44,7 @@ class AlgorithmConfig:
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0 = no clipping (the norm is still logged)
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 0
@@ -69,7 +69,7 @@ class TrainerConfig:
     eval_interval: int = 10  # steps; 0 = only before and after training
     eval_before_train: bool = True
     ckpt_interval: int = 10  # steps; 0 = only the final checkpoint
-    max_ckpts_to_keep: int = 2
+    max_ckpts_to_keep: int = 2  # native backends: 0 = keep all; SkyRL: -1 = keep all
     export_interval: int = 0  # steps between plain-PEFT adapter exports; 0 = only at the end
     resume_mode: str = "latest"  # latest | none | from_path
     resume_path: Optional[str] = None
@@ -164,6 +164,158 @@ class TrainConfig:
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of one typed config field (see ``RANGES``).
+
+    lo / hi: bounds (None: unbounded); lo_open / hi_open: the bound itself is excluded. integer: the
+    value must be an int. none: null is allowed (with its meaning in ``note``). also: other values
+    allowed outside the bounds (e.g. -1 for top_k). choices: for strings, the allowed values. note:
+    what special values mean (e.g. "0 = off").
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+    none: bool = False
+    also: tuple = ()
+    choices: tuple = ()
+    note: str = ""
+
+    def check(self, value: Any) -> bool:
+        """True when ``value`` is valid."""
+        import math
+
+        if value is None:
+            return self.none
+        if self.choices:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if value in self.also:
+            return True
+        if self.integer and not float(value).is_integer():
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
+            return False
+        return True
+
+    def describe(self) -> str:
+        """The rule in words, e.g. "must be an integer >= 0 (0 = off)"."""
+        if self.choices:
+            rule = "must be one of " + ", ".join(map(str, self.choices))
+        else:
+            parts = []
+            if self.lo is not None:
+                parts.append(f"{'>' if self.lo_open else '>='} {_num(self.lo)}")
+            if self.hi is not None:
+                parts.append(f"{'<' if self.hi_open else '<='} {_num(self.hi)}")
+            what = "an integer " if self.integer else ""
+            rule = f"must be {what}{' and '.join(parts)}".rstrip()
+            if self.also:
+                rule += " or " + " or ".join(_num(a) for a in self.also)
+            if self.none:
+                rule += " or null"
+        return f"{rule} ({self.note})" if self.note else rule
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+_U32 = 2**32 - 1
+_SEED = Range(0, _U32, integer=True, note="numpy and torch seeds are unsigned 32-bit")
+
+#: Valid values of every typed numeric or enumerated config field, by dotted key (rlkit.config's
+#: dataclasses plus the top-level knobs). ``check_ranges`` applies them before any work. sft.* and
+#: grounding.* apply only when that stage is enabled. Backend-specific rules (trainer.max_ckpts_to_keep, SkyRL's limits)
+#: live with the backend.
+RANGES: dict[str, Range] = {
+    "seed": _SEED,
+    "lr": Range(0, lo_open=True),
+    "steps": Range(0, integer=True, note="0 = only the warm start and the evaluation"),
+    "group_size": Range(1, integer=True),
+    "tasks_per_step": Range(1, integer=True),
+    "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
+    "algorithm.dynamic_sampling_max_rounds": Range(0, integer=True, note="0 = off"),
+    "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
+    "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
+    "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),
+    "algorithm.loss_reduction": Range(choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")),
+    "algorithm.kl_coef": Range(0, note="0 = no KL term, the reference is never computed"),
+    "algorithm.kl_estimator": Range(choices=("k1", "k2", "k3")),
+    "algorithm.entropy_coef": Range(0, note="0 = no entropy bonus"),
+    "algorithm.update_epochs": Range(1, integer=True, note="passes over each step's batch"),
+    "algorithm.mini_batch_size": Range(1, integer=True, none=True, note="null = the whole batch"),
+    "algorithm.micro_batch_size": Range(1, integer=True),
+    "algorithm.max_grad_norm": Range(0, note="0 = no clipping; the norm is still logged"),
+    "algorithm.weight_decay": Range(0),
+    "algorithm.warmup_steps": Range(0, integer=True, note="0 = no warmup"),
+    "algorithm.lr_schedule": Range(choices=("constant", "cosine")),
+    "rollout.temperature": Range(0, note="0 = greedy"),
+    "rollout.top_p": Range(0, 1, lo_open=True, note="1 = off"),
+    "rollout.top_k": Range(0, integer=True, also=(-1,), note="0 or -1 = off"),
+    "rollout.max_new_tokens": Range(1, integer=True),
+    "rollout.eval_temperature": Range(0, note="0 = greedy"),
+    "trainer.eval_interval": Range(0, integer=True, note="0 = only before and after training"),
+    "trainer.ckpt_interval": Range(0, integer=True, note="0 = only the final checkpoint"),
+    "trainer.export_interval": Range(0, integer=True, note="0 = only at the end"),
+    "trainer.resume_mode": Range(choices=("latest", "none", "from_path")),
+    "trainer.num_threads": Range(1, integer=True, none=True, note="null = 1"),
+    "sft.num_demos": Range(0, integer=True, note="0 = a fresh batch of tasks every step"),
+    "sft.max_steps": Range(1, integer=True),
+    "sft.batch_size": Range(1, integer=True),
+    "sft.lr": Range(0, lo_open=True),
+    "sft.warmup_steps": Range(0, integer=True),
+    "sft.target_success": Range(0, 1),
+    "sft.val_tasks": Range(1, integer=True),
+    "sft.eval_every": Range(1, integer=True),
+    "sft.seed": _SEED,
+    "grounding.max_steps": Range(1, integer=True),
+    "grounding.batch_size": Range(1, integer=True),
+    "grounding.lr": Range(0, lo_open=True),
+    "grounding.warmup_steps": Range(0, integer=True),
+    "grounding.target_accuracy": Range(0, note="above 1 = never stop early"),
+    "grounding.val_questions": Range(1, integer=True),
+    "grounding.eval_every": Range(1, integer=True),
+    "grounding.advance_accuracy": Range(0, note="above 1 = never leave the first phase"),
+    "grounding.seed": _SEED,
+    "eval.num_tasks": Range(1, integer=True, none=True, note="null = the whole evaluation set"),
+    "eval.pass_k": Range(0, integer=True, note="0 = off"),
+}
+
+
+def check_ranges(cfg: Any) -> list[str]:
+    """Every typed field of ``cfg`` (a composed train config) outside its ``RANGES`` rule, plus
+    ``algorithm.adam_betas`` (two numbers in [0, 1)); one line per problem, e.g.
+    ``"trainer.eval_interval=-1 must be an integer >= 0 (0 = only before and after training)"``.
+    Returns [] when all are valid. sft.* and grounding.* are checked only when that stage is enabled."""
+    from omegaconf import OmegaConf
+
+    problems = []
+    off = {stage for stage in ("sft", "grounding") if not OmegaConf.select(cfg, f"{stage}.enabled", default=True)}
+    for key, rule in RANGES.items():
+        stage = key.split(".")[0]
+        if stage in off:
+            continue
+        value = OmegaConf.select(cfg, key, default=None)
+        if not rule.check(value):
+            hint = f" (or {stage}.enabled=false)" if stage in ("sft", "grounding") else ""
+            problems.append(f"{key}={value!r} {rule.describe()}{hint}")
+    betas = OmegaConf.select(cfg, "algorithm.adam_betas", default=None)
+    if betas is not None:
+        betas = list(betas)
+        if len(betas) != 2 or not all(Range(0, 1, hi_open=True).check(b) for b in betas):
+            problems.append(f"algorithm.adam_betas={betas} must be two numbers in [0, 1)")
+    return problems
 
 
 def register_configs() -> None:

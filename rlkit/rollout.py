@@ -35,7 +35,9 @@ class Trajectory:
         [P_i, D] float32 and image_grid_thw [1, 3] long), concatenated by the policy's chat format.
     episode: the env-level record a reward function reads.
     group: index of the task in the step (the G samples of a task share it).
-    policy_version: the weight version (training step) that sampled it.
+    policy_version: the adapter version that sampled it: the number of GRPO updates applied to the
+        weights (0 = before the first update, so training step s samples with s - 1; an evaluation
+        after step s has s; -1 = not sampled, e.g. SFT demonstrations). The same in every backend.
     """
 
     input_ids: list[int]

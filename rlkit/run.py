@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,23 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         if isinstance(cause, TypeError) and "argument" in str(cause):
             hint = f"\nCheck the keys of conf/{group}/*.yaml and your overrides against {target}'s arguments."
         raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
+
+
+def instantiate_reward(node: Any) -> Any:
+    """The guarded reward of a ``conf/reward/*.yaml`` node: the plug-in built from the node without
+    its guard keys (``timeout_s``, ``on_error``), wrapped in rlkit.reward_guard.GuardedReward.
+
+    Raises: ConfigError for a bad ``timeout_s`` / ``on_error`` (naming the key and its range) or a
+    reward that cannot be built (see instantiate_plugin).
+    """
+    from rlkit.reward_guard import GuardedReward, split_guard_keys
+
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    try:
+        rest, timeout_s, on_error = split_guard_keys(plain)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return GuardedReward(instantiate_plugin(OmegaConf.create(rest), "reward"), timeout_s=timeout_s, on_error=on_error)
 
 
 def to_dataclass(node: DictConfig, cls: type) -> Any:
@@ -86,18 +104,48 @@ ERROR_FILE = "error.txt"
 def run(cfg: DictConfig) -> dict:
     """Run one job with the configured backend; returns the job's result dict (also result.json).
 
-    Raises: whatever the job raised, after writing it to ``<paths.output_dir>/error.txt``.
+    Holds the run folder's lock (rlkit.run_lock) for the whole job.
+
+    Raises: RunFolderBusyError (a ConfigError) when another live run holds the folder; whatever the
+    job raised, after writing it to ``<paths.output_dir>/error.txt``.
     """
+    import contextlib
+
+    from rlkit import run_lock
+
     out = _output_dir(cfg)
-    if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
-        (out / ERROR_FILE).unlink(missing_ok=True)
-    try:
-        check_top_level_keys(cfg)
-        backend = instantiate_plugin(cfg.backend, "backend")
-        return backend.run(cfg)
-    except Exception as e:
-        _write_error(cfg, e)
-        raise
+    # one run per folder (taken earlier by the Hydra callback in a train.py run; re-entrant). A refusal
+    # is raised before the try below, so the other run's error.txt is left alone.
+    with run_lock.locked(out) if out is not None else contextlib.nullcontext():
+        if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
+            (out / ERROR_FILE).unlink(missing_ok=True)
+        try:
+            check_top_level_keys(cfg)
+            backend = instantiate_plugin(cfg.backend, "backend")
+            return backend.run(cfg)
+        except Exception as e:
+            e = _explain_disk_full(e)
+            _write_error(cfg, e)
+            raise e
+
+
+class DiskFullError(OSError):
+    """A write failed because its filesystem is full; the message names the path."""
+
+
+def _explain_disk_full(err: Exception) -> Exception:
+    """``err`` itself, or for a bare ENOSPC/EDQUOT OSError (metrics, results, exports) a DiskFullError
+    saying "no space left on <folder> while writing <file>" (checkpoints say so themselves)."""
+    import errno
+
+    if isinstance(err, OSError) and not isinstance(err, DiskFullError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        target = err.filename or "a file"
+        folder = Path(err.filename).parent if err.filename else "the run folder"
+        new = DiskFullError(err.errno, f"no space left on {folder} while writing {target}; free space and resume "
+                            "(the last complete checkpoint is kept)")
+        new.__cause__ = err
+        return new
+    return err
 
 
 def _output_dir(cfg: DictConfig) -> Path | None:
@@ -116,6 +164,12 @@ def _write_error(cfg: DictConfig, err: BaseException) -> None:
         out = _output_dir(cfg)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            (out / ERROR_FILE).write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
+            # written whole or not at all (a full disk must not leave an empty error.txt)
+            tmp = out / f".{ERROR_FILE}.tmp"
+            try:
+                tmp.write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
+                os.replace(tmp, out / ERROR_FILE)
+            finally:
+                tmp.unlink(missing_ok=True)
     except Exception:  # noqa: BLE001 - never hide the job's own error behind this one
         pass

@@ -40,14 +40,47 @@ from rlkit.types import Episode, EnvSpec
 log = logging.getLogger(__name__)
 
 
+#: Bump when the warm-start builder changes what it produces for the same config (a new cache key).
+SFT_BUILDER_VERSION = 2
+
+#: Policy config keys that say where things are, not what the model is: left out of the cache key.
+_LOCATION_KEYS = ("cache_dir",)
+
+
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
-    """A short hash of the configs that determine the warm-start checkpoint."""
-    blob = json.dumps(
-        {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-         for k, v in {"sft": sft_cfg, "env": env_cfg, "policy": policy_cfg}.items()},
-        sort_keys=True, default=str,
-    )
+    """A short hash of what determines the warm-start checkpoint: the sft, env and policy configs, the
+    builder version (SFT_BUILDER_VERSION) and, for a policy loaded from a local checkpoint folder, that
+    checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
+
+    Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
+    (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Returns 16 hex chars.
+    """
+    def plain(v: Any) -> Any:
+        return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+
+    policy = dict(plain(policy_cfg) or {})
+    for key in _LOCATION_KEYS:
+        policy.pop(key, None)
+    path = policy.get("path")
+    if isinstance(path, str) and Path(path).is_dir():
+        policy["path"] = {"fingerprint": checkpoint_fingerprint(Path(path))}
+    blob = json.dumps({"sft": plain(sft_cfg), "env": plain(env_cfg), "policy": policy,
+                       "builder_version": SFT_BUILDER_VERSION}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def checkpoint_fingerprint(folder: Path) -> str:
+    """sha256 over a checkpoint folder's small files (config, tokenizer, processor: < 1 MiB each) by
+    content and its large files (weights) by relative name and size; cheap for an 8B checkpoint and
+    the same wherever the folder is copied to."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = f.relative_to(folder).as_posix()
+        size = f.stat().st_size
+        h.update(f"{rel}\0{size}\0".encode())
+        if size < 1 << 20:
+            h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Trajectory | None:

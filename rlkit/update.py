@@ -24,6 +24,12 @@ from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory, to_tensor
 
 
+def grad_clip_limit(max_grad_norm: float) -> float:
+    """The ``max_norm`` for ``clip_grad_norm_``: ``algorithm.max_grad_norm``, or inf for 0 (no clipping;
+    the norm is still measured and logged as policy/grad_norm)."""
+    return max_grad_norm if max_grad_norm > 0 else math.inf
+
+
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over ``cfg.warmup_steps`` GRPO steps, then constant or cosine to 0 at ``total_steps``.
 
@@ -78,7 +84,7 @@ def grpo_update(
         for start in range(0, len(order), mini):
             batch = order[start : start + mini]
             stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(

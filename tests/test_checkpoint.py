@@ -2,6 +2,7 @@
 
 import errno
 import json
+import os
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_disk_full_is_clear_and_keeps_previous(tmp_path):
     def full(d):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(ckpt.CheckpointError, match="disk is full"):
+    with pytest.raises(ckpt.CheckpointError, match=r"no space left on / .*The last complete checkpoint \(step_000001\) is intact"):
         ckpt.save(tmp_path, 2, full)
     assert ckpt.find_latest(tmp_path).name == "step_000001"
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
@@ -95,3 +96,41 @@ def test_not_writable_is_clear(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="not writable"):
         ckpt.save(tmp_path, 1, denied)
     assert ckpt.find_latest(tmp_path) is None
+
+
+def test_torch_writer_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    """torch.save on a full disk raises a RuntimeError without errno ("unexpected pos ..."); with no free
+    space left it is reported as a full disk, naming the file being written."""
+    import shutil
+    from collections import namedtuple
+
+    ckpt.save(tmp_path, 1, _writer(b"one"))
+
+    def writes_until_full(d):
+        (d / "adapter").mkdir()
+        (d / "adapter" / "w.bin").write_bytes(b"w")
+        os.utime(d / "adapter" / "w.bin", (1, 1))  # written earlier (file times are coarse: ~4 ms)
+        (d / "optimizer.pt").write_bytes(b"PK")  # torch's zip writer got this far, then:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9, 4096))
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint step 2 .*: no space left on .* while writing "
+                                                   r"optimizer.pt\. The last complete checkpoint \(step_000001\)"):
+        ckpt.save(tmp_path, 2, writes_until_full)
+    assert ckpt.find_latest(tmp_path).name == "step_000001"
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # with free space it is not called a full disk
+        ckpt.save(tmp_path, 2, writes_until_full)
+
+
+def test_a_full_disk_elsewhere_in_the_run_names_the_file(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlkit.run import DiskFullError, _explain_disk_full, _write_error
+
+    err = _explain_disk_full(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl")))
+    assert isinstance(err, DiskFullError)
+    assert f"no space left on {tmp_path} while writing {tmp_path / 'metrics.jsonl'}" in str(err)
+    _write_error(OmegaConf.create({"paths": {"output_dir": str(tmp_path)}}), err)
+    assert "no space left on" in (tmp_path / "error.txt").read_text()

@@ -133,3 +133,19 @@ def test_resume_mode_none_refuses_existing_checkpoints(tmp_path, cache):
     _train(run, cache, ["steps=1"])
     proc = _train(run, cache, ["steps=1", "trainer.resume_mode=none"], check=False)
     assert proc.returncode != 0 and "trainer.overwrite=true" in proc.stderr
+
+
+def test_resume_applies_changed_lr_and_steps_and_records_them(tmp_path, cache):
+    run = tmp_path / "run"
+    _train(run, cache, ["steps=1", "lr=1e-3"])
+    proc = _train(run, cache, ["steps=2", "lr=5e-3"])
+    assert "resuming with changed settings from step 2: lr 0.001 -> 0.005, steps 1 -> 2" in proc.stdout
+    lrs = {s["step"]: s["policy/lr"] for s in _steps(run) if "policy/lr" in s}
+    assert lrs == {1: pytest.approx(1e-3), 2: pytest.approx(5e-3)}  # what ran is what .hydra/config.yaml says
+    assert "lr: 0.005" in (run / ".hydra" / "config.yaml").read_text()
+    (record,) = [json.loads(ln) for ln in (run / "resumes.jsonl").read_text().splitlines()]
+    assert record["from_step"] == 2 and record["changes"]["lr"] == {"was": 0.001, "now": 0.005}
+    proc = _train(run, cache, ["steps=3", "lr=5e-3", "rollout.top_p=0.9", "algorithm.update_epochs=2"], check=False)
+    assert proc.returncode != 0
+    assert ("change the experiment: algorithm.update_epochs (1 -> 2), rollout.top_p (1.0 -> 0.9). On resume only "
+            "these may change: steps, lr, trainer") in proc.stderr

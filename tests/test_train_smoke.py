@@ -103,6 +103,8 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("logger.mode=ofline", "logger.mode='ofline'"),
     ("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_hihg"),
     ("env.parser=keyword", "does not fit"),
+    ("seed=-1", "seed=-1 must be an integer >= 0"),
+    ("algorithm.update_epochs=0", "algorithm.update_epochs=0 must be an integer >= 1"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

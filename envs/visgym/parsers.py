@@ -42,6 +42,10 @@ from envs.visgym.maze import MOVE_NAMES
 #: tuple_answer parsers read the whole output, as upstream does, in linear time (envs/visgym/literal.py).
 MAX_CHARS = 20_000
 
+#: Longest fragment of the model's output quoted back in a parse-failure reason (characters), so
+#: a runaway output cannot blow up the next user turn.
+MAX_ECHO = 60
+
 _WORDS = {name: i for i, name in enumerate(MOVE_NAMES)} | {"stop": STOP}
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _QUOTES = "'\"`\u2018\u2019\u201c\u201d"
@@ -64,6 +68,11 @@ class ParsedAction:
 
     actions: tuple[int, ...]
     text: str
+
+
+def _echo(fragment: str) -> str:
+    """``fragment`` cut to MAX_ECHO characters (with "..." when cut), for a failure reason."""
+    return fragment if len(fragment) <= MAX_ECHO else fragment[: MAX_ECHO - 3] + "..."
 
 
 def describe_action(action: int) -> str:
@@ -328,10 +337,10 @@ class LenientTupleParser(_Parser):
             if name == "stop":
                 if all(a.lower() == "stop" for a in args) and len(args) <= 1:
                     return ParsedAction((STOP,), m.group(0)), ""
-                return None, f"{m.group(0)}: stop takes no argument but 'stop'"
+                return None, f"{_echo(m.group(0))}: stop takes no argument but 'stop'"
             if len(args) == 1 and re.fullmatch(r"[0-3]", args[0]):
                 return ParsedAction((int(args[0]),), m.group(0)), ""
-            return None, f"{m.group(0)}: direction must be 0 right, 1 up, 2 left or 3 down"
+            return None, f"{_echo(m.group(0))}: direction must be 0 right, 1 up, 2 left or 3 down"
         if unknown is not None:
             return None, f"unknown action {unknown[:20]!r}; use ('move', d) or ('stop', 'stop')"
         return None, "no ('move', d) or ('stop', 'stop') found"

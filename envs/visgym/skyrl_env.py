@@ -35,6 +35,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from envs.visgym import SKYRL_ENV_ID
 from envs.visgym.spec import VisGymMaze
+from rlkit.safe_text import escape_special_tokens
 from rlkit.types import Episode, Observation, Turn
 
 
@@ -46,11 +47,14 @@ def image_to_data_url(image: Image.Image) -> str:
 
 
 def observation_to_message(obs: Observation) -> dict[str, Any]:
-    """An rlkit ``Observation`` as one OpenAI-format user message (images first, then text)."""
+    """An rlkit ``Observation`` as one OpenAI-format user message (images first, then text).
+
+    The text may echo model output; special-token strings in it are escaped
+    (rlkit.safe_text.escape_special_tokens) before SkyRL's chat template tokenizes it."""
     parts: list[dict[str, Any]] = [
         {"type": "image_url", "image_url": {"url": image_to_data_url(img)}} for img in obs.images
     ]
-    parts.append({"type": "text", "text": obs.text})
+    parts.append({"type": "text", "text": escape_special_tokens(obs.text)})
     return {"role": "user", "content": parts}
 
 
@@ -95,7 +99,7 @@ class SkyRLMazeEnv(BaseTextEnv):
         obs = self.episode_env.reset(self.seed)
         messages = [observation_to_message(obs)]
         if self.episode_env.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.episode_env.system_prompt})
+            messages.insert(0, {"role": "system", "content": escape_special_tokens(self.episode_env.system_prompt)})
         self.turns = 0
         self._turns = []
         self._done = False

@@ -25,20 +25,29 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig
+from rlkit.config import (AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig,
+                          check_ranges)
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
-from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
+from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 from rlkit.tasks import TaskSampler
 from rlkit.update import grpo_update, make_scheduler
 
 log = logging.getLogger(__name__)
 
-# Keys whose change makes a checkpoint a different experiment: resuming across them is refused.
-EXPERIMENT_KEYS = ("env", "reward", "policy", "algorithm", "group_size", "tasks_per_step", "seed", "sft", "rollout")
+#: Config keys (dotted; a key covers everything under it) that may change when a run resumes. The new
+#: values apply from the resumed step on: ``steps`` (train to the new total; a cosine schedule
+#: stretches to it), ``lr`` (the base learning rate; the schedule's factor at the resumed step is
+#: kept), loop cadence and checkpointing (``trainer``), where metrics go (``logger``), how the job runs
+#: (``backend``, ``paths``), the extra pass@k evaluation and the reward's guard (time limit, on_error).
+#: A change to any other key (env, reward, policy, algorithm, rollout, sft, seed, group_size,
+#: tasks_per_step, eval.num_tasks, ...) makes it another experiment: resuming is refused, listing them.
+#: Each resume that changes something appends what changed, and from which step, to resumes.jsonl.
+RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "reward.timeout_s",
+                  "reward.on_error")
 
 
 @dataclass
@@ -86,7 +95,7 @@ class NativeRun:
             torch.use_deterministic_algorithms(True)
         _seed_everything(cfg.seed)
         self.env_spec = instantiate_plugin(cfg.env, "env")
-        self.reward_fn = instantiate_plugin(cfg.reward, "reward")
+        self.reward_fn = instantiate_reward(cfg.reward)  # GuardedReward: time limit and on_error
         from rlkit.metrics_export import with_cluster_metrics
 
         # built (and its keys checked) before the long SFT warm start; started after resume
@@ -137,26 +146,15 @@ class NativeRun:
 
     def _validate(self) -> None:
         cfg = self.cfg
-        for key in ("steps", "group_size", "tasks_per_step"):
-            if cfg[key] < (0 if key == "steps" else 1):
-                raise ConfigError(f"{key}={cfg[key]} must be >= {0 if key == 'steps' else 1}")
-        if self.trainer.resume_mode not in ("latest", "none", "from_path"):
-            raise ConfigError(f"trainer.resume_mode={self.trainer.resume_mode!r}: use latest, none or from_path")
+        problems = check_ranges(cfg)  # every typed field's valid range (rlkit.config.RANGES)
+        if self.trainer.max_ckpts_to_keep < 0:
+            problems.append(f"trainer.max_ckpts_to_keep={self.trainer.max_ckpts_to_keep} must be an integer >= 0 "
+                            "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
-            raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
-        if not cfg.lr > 0:
-            raise ConfigError(f"lr={cfg.lr} must be > 0")
-        if self.sft_cfg.enabled:
-            for key in ("batch_size", "max_steps", "eval_every", "val_tasks"):
-                if getattr(self.sft_cfg, key) < 1:
-                    raise ConfigError(f"sft.{key}={getattr(self.sft_cfg, key)} must be >= 1 (or sft.enabled=false)")
-            if not self.sft_cfg.lr > 0:
-                raise ConfigError(f"sft.lr={self.sft_cfg.lr} must be > 0")
-        if self.algo.micro_batch_size < 1 or (self.algo.mini_batch_size is not None and self.algo.mini_batch_size < 1):
-            raise ConfigError("algorithm.micro_batch_size and algorithm.mini_batch_size must be >= 1")
-        if self.algo.dynamic_sampling_max_rounds < 0:
-            raise ConfigError(f"algorithm.dynamic_sampling_max_rounds={self.algo.dynamic_sampling_max_rounds} "
-                              "must be >= 0 (0 = off)")
+            problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if problems:
+            raise ConfigError(problems[0] if len(problems) == 1 else
+                              f"{len(problems)} bad values: " + "; ".join(problems))
         if cfg.group_size == 1:
             log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 
@@ -244,7 +242,7 @@ class NativeRun:
             self.progress.say("starting fresh (no checkpoint to resume from)")
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
-        self._check_same_experiment(path)
+        changes = self._check_same_experiment(path)
         self.policy.load_adapter(path / "adapter")
         trainer_state = torch.load(path / "optimizer.pt", weights_only=True)
         self.optimizer.load_state_dict(trainer_state["optimizer"])
@@ -261,20 +259,47 @@ class NativeRun:
         # drop what was logged after this checkpoint (the lost part of the run), by line count
         self.metrics_file.truncate_lines(meta.get("metrics_lines", 0))
         self.progress.say(f"resuming from {path} at step {self.state.step}")
+        self._apply_resume_changes(path, changes)
 
-    def _check_same_experiment(self, path: Path) -> None:
-        old = OmegaConf.load(path / "config.yaml")
+    def _check_same_experiment(self, path: Path) -> dict[str, tuple[Any, Any]]:
+        """Compare this run's config with the checkpoint's; returns the changed RESUMABLE_KEYS leaves
+        as {dotted key: (checkpoint value, new value)}.
 
-        def plain(v: Any) -> Any:
-            return OmegaConf.to_container(v, resolve=False) if OmegaConf.is_config(v) else v
-
-        changed = [k for k in EXPERIMENT_KEYS if plain(old.get(k)) != plain(self.cfg.get(k))]
-        if changed:
+        Raises: CheckpointError listing every changed key outside RESUMABLE_KEYS, with the fix.
+        """
+        changes = config_changes(OmegaConf.load(path / "config.yaml"), self.cfg)
+        refused = sorted(k for k in changes if not _resumable(k))
+        if refused:
+            shown = ", ".join(f"{k} ({changes[k][0]!r} -> {changes[k][1]!r})" for k in refused[:12])
+            more = f" and {len(refused) - 12} more" if len(refused) > 12 else ""
             raise ckpt.CheckpointError(
-                f"cannot resume from {path}: these keys change the experiment: {', '.join(sorted(changed))}. "
-                f"Restore them, or start a new run (another hydra.run.dir, or trainer.resume_mode=none "
-                f"trainer.overwrite=true)."
+                f"cannot resume from {path}: these keys change the experiment: {shown}{more}. "
+                f"On resume only these may change: {', '.join(RESUMABLE_KEYS)}. Restore the others, or start a "
+                f"new run (another hydra.run.dir, or trainer.resume_mode=none trainer.overwrite=true)."
             )
+        return changes
+
+    def _apply_resume_changes(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:
+        """Make the resumed run use its new settings (RESUMABLE_KEYS) and record them in resumes.jsonl.
+
+        ``lr``: the checkpoint's optimizer and scheduler carry the old base lr; replace it, keeping
+        the schedule's factor at the resumed step. The other keys are read from cfg as the loop goes.
+        """
+        if "lr" in changes:
+            lr = float(self.cfg.lr)
+            factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+            self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = lr
+                group["lr"] = lr * factor
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        if changes:
+            shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in sorted(changes.items())))
+            self.progress.say(f"resuming with changed settings from step {self.state.step + 1}: {shown}")
+            record = {"from_step": self.state.step + 1, "checkpoint": str(path),
+                      "changes": {k: {"was": a, "now": b} for k, (a, b) in sorted(changes.items())}}
+            with open(self.out / "resumes.jsonl", "a") as f:
+                f.write(json.dumps(record, default=str) + "\n")
 
     def _save(self, step: int) -> None:
         cfg_yaml = OmegaConf.to_yaml(self.cfg, resolve=False)
@@ -314,9 +339,12 @@ class NativeRun:
                         pass_k=self.eval_cfg.pass_k, pass_k_sampling=replace(self.sampling, seed=self.cfg.seed + step))
 
     def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
-        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here)."""
+        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here).
+
+        Step ``step`` (1-based) samples with the adapter after ``step - 1`` updates: policy_version
+        ``step - 1``, as backend=native_ray's published version (rlkit.rollout.Trajectory)."""
         trajs = rollout(self.env_spec, self.policy, self.engine, seeds, self.cfg.group_size, sampling,
-                        policy_version=step)
+                        policy_version=step - 1)
         return trajs, {}
 
     def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor) -> dict[str, float]:
@@ -337,8 +365,12 @@ class NativeRun:
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
         t1 = time.time()
+        failures = getattr(self.reward_fn, "failures", None)  # a GuardedReward's (rlkit.reward_guard)
+        failed_before = failures.count if failures is not None else 0
         rewards_out = [self.reward_fn(t.episode) for t in trajs]
         timing["timing/reward"] = timing.get("timing/reward", 0.0) + time.time() - t1
+        if failures is not None:  # reward calls counted as 0 under reward.on_error=zero (each logged as a warning)
+            timing["reward/failures"] = timing.get("reward/failures", 0.0) + failures.count - failed_before
         return trajs, rewards_out, extra
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -557,3 +589,24 @@ class _file_lock:
 
         fcntl.flock(self.fh, fcntl.LOCK_UN)
         self.fh.close()
+
+
+def config_changes(old: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """Leaves that differ between two configs (unresolved), as {dotted key: (old, new)}; a key present
+    in one only compares with None. Lists are compared as values."""
+
+    def flat(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                flat(v, f"{prefix}.{k}" if prefix else str(k), out)
+        else:
+            out[prefix] = node
+        return out
+
+    a = flat(OmegaConf.to_container(old, resolve=False), "", {})
+    b = flat(OmegaConf.to_container(new, resolve=False), "", {})
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)

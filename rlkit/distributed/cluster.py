@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlkit.distributed.runtime import RaySettings, create_placement_group, init_ray
+from rlkit.distributed.runtime import RaySettings, create_placement_group, init_ray, stop_ray
 from rlkit.distributed.update import RankPayload, plan_update, split_even
 from rlkit.distributed.workers import RolloutSpec, RolloutWorker, TrainerSpec, TrainerWorker
 
@@ -154,7 +154,7 @@ class RayCluster:
                 log.debug("remove placement group: %s", e)
             self.pg = None
         if self.owns_ray:
-            ray.shutdown()
+            stop_ray()  # ray.shutdown() and the end of the local instance's watchdog
             self.owns_ray = False
 
     # ---------------------------------------------------------------- trainers

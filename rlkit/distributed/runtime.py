@@ -130,8 +130,10 @@ def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> t
     """Start or join Ray as ``settings.address`` says (see RaySettings).
 
     Returns: (owned, dashboard_url): owned is True when this call initialised Ray in this process
-    (started a local instance, or connected to a cluster): the caller calls ``ray.shutdown()`` at
-    the end, which stops a local instance and only disconnects from a cluster. False when Ray was
+    (started a local instance, or connected to a cluster): the caller calls ``stop_ray()`` at
+    the end, which stops a local instance and only disconnects from a cluster. A local instance
+    is also watched by rlkit.distributed.reaper: if this process dies without stop_ray (SIGKILL),
+    the instance's processes are stopped within seconds. False when Ray was
     already initialised by the caller (a test, a notebook). dashboard_url is Ray's, or None.
 
     Raises: RuntimeError naming the address when Ray cannot be reached / started.
@@ -153,6 +155,7 @@ def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> t
             num_gpus = settings.num_gpus if settings.num_gpus is not None else sum(b.get("GPU", 0.0) for b in bundles)
             ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
                            include_dashboard=settings.include_dashboard, **kwargs)
+            _watch_local_instance(ctx)
             return True, _url(ctx.dashboard_url)
         ctx = ray.init(address=address, **kwargs)
         return True, _url(ctx.dashboard_url)
@@ -162,6 +165,32 @@ def init_ray(settings: RaySettings, env_vars: dict[str, str] | None = None) -> t
             f"{type(e).__name__}: {e}. Set backend.address (null = local, or the cluster address), and "
             f"RAY_AUTH_MODE to match the cluster (token or disabled)."
         ) from e
+
+
+_reaper: Any = None  # the watchdog of the local Ray instance this process started (rlkit.distributed.reaper)
+
+
+def _watch_local_instance(ctx: Any) -> None:
+    """Start the watchdog that stops this local Ray instance if this process dies without
+    ``ray.shutdown()`` (SIGKILL); ``stop_ray`` ends it after a clean shutdown."""
+    global _reaper
+    from rlkit.distributed.reaper import start_reaper
+
+    session_dir = (getattr(ctx, "address_info", None) or {}).get("session_dir")
+    if session_dir:
+        _reaper = start_reaper(os.path.basename(str(session_dir).rstrip("/")))
+
+
+def stop_ray() -> None:
+    """``ray.shutdown()``, then end the watchdog of a local instance (nothing left for it to stop)."""
+    import ray
+
+    global _reaper
+    ray.shutdown()
+    if _reaper is not None:
+        _reaper.terminate()
+        _reaper.wait(10)
+        _reaper = None
 
 
 def _url(address: str | None) -> str | None:

@@ -147,6 +147,7 @@ def sharded_grpo_update(
             collectives would not match).
     """
     from rlkit.distributed.fsdp import clip_grad_norm
+    from rlkit.update import grad_clip_limit
 
     token_level = cfg.loss_reduction == "token_mean"
     micro = max(cfg.micro_batch_size, 1)
@@ -176,7 +177,7 @@ def sharded_grpo_update(
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
                 else:
                     sums[k] = sums.get(k, 0.0) + float(v) * weight
-        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
+        grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(

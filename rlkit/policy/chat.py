@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from rlkit.policy.tokenizer import IM_END, IM_START, IMAGE_PAD, PAD_TOKEN, VIDEO_PAD, VISION_END, VISION_START
+from rlkit.safe_text import escape_special_tokens
 
 
 @dataclass
@@ -136,6 +137,11 @@ class ChatFormat:
         self.vision_end_id = _id(VISION_END)
         self.newline_ids = self._encode("\n")
         self.strip_text = False  # set by check_template when the checkpoint's template strips contents
+        # Every special token of this tokenizer, for escape_text (the <|name|> shape is always covered).
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self.special_token_strings = tuple(
+            sorted({*tokenizer.all_special_tokens, *(str(t) for t in added.values() if getattr(t, "special", False))})
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -152,6 +158,11 @@ class ChatFormat:
         """Number of ``<|image_pad|>`` tokens for one image: t*h*w / merge_size**2."""
         return int(image.image_grid_thw.prod().item()) // (self.merge_size**2)
 
+    def escape_text(self, text: str) -> str:
+        """``text`` with every special-token string made inert, so it tokenizes as ordinary text
+        (rlkit.safe_text.escape_special_tokens with this tokenizer's special tokens)."""
+        return escape_special_tokens(text, self.special_token_strings)
+
     def render_user_turn(self, text: str, num_images: int, system: str | None = None, first: bool = True) -> str:
         """The turn as a string with one ``<|image_pad|>`` per image (unexpanded), see module doc."""
         if system is not None and not first:
@@ -167,6 +178,11 @@ class ChatFormat:
     ) -> TurnTokens:
         """Token ids of a user turn (optional system message first) ending with the assistant header.
 
+        ``text`` and ``system`` are env-provided and may echo model output, so special-token strings
+        in them are escaped (``escape_text``): ``<|image_pad|>`` or ``<|im_end|>`` written in a text
+        become ordinary tokens, never a placeholder or a message end. The only special ids of the
+        result are the chat layout's own (module doc).
+
         Args:
             text: the message text (shown after the images).
             images: PIL images of the message, in order.
@@ -178,11 +194,10 @@ class ChatFormat:
             ``<|image_pad|>`` ids, image_inputs = process_images(images)).
 
         Raises:
-            ValueError: system given with first=False, or the text itself contains vision tokens.
+            ValueError: system given with first=False.
         """
-        for tok in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END):
-            if tok in text or (system and tok in system):
-                raise ValueError(f"message text contains the vision token {tok!r}; pass images as images")
+        text = self.escape_text(text)
+        system = self.escape_text(system) if system else system
         image_inputs = self.process_images(images)
         ids = self._encode(self.render_user_turn(text, len(image_inputs), system=system, first=first))
         expanded: list[int] = []

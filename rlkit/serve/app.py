@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import json
 import logging
 import socket
 import threading
@@ -37,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rlkit.serve.conversation import SampledIds, build_prompt, parse_messages, remember_completion
 from rlkit.serve.models import ModelHost
@@ -65,13 +67,22 @@ class ServerSettings:
     sampled_ids_capacity: int = 16384
 
 
+class _ASCIIJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error message quoting a client's odd text (a lone surrogate)
+    always encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error_response(err: APIError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return _ASCIIJSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, or APIError 413 when it exceeds ``limit`` bytes (see DRAIN_CAP_BYTES)."""
+    """The request body, or APIError 413 when it exceeds ``limit`` bytes (see DRAIN_CAP_BYTES), or
+    APIError 400 ``client_disconnected`` when the client hangs up before the body is complete."""
     declared = request.headers.get("content-length")
     too_large = APIError(413, f"request body exceeds the limit of {limit} bytes", param=None, code="body_too_large")
     if declared is not None:
@@ -82,12 +93,16 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if declared_n > DRAIN_CAP_BYTES:
             raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > DRAIN_CAP_BYTES:
-            break
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > DRAIN_CAP_BYTES:
+                break
+    except ClientDisconnect:  # the client's doing, not a server error (nobody reads the answer)
+        raise APIError(400, f"the client disconnected after {size} bytes of the request body",
+                       code="client_disconnected") from None
     if size > limit:
         raise too_large
     return b"".join(chunks)
@@ -178,8 +193,8 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
     async def _server_error(request: Request, err: Exception):
         log.exception("internal error on %s %s", request.method, request.url.path)
         state["server_errors"] += 1
-        return JSONResponse(APIError(500, f"internal server error ({type(err).__name__})", type="server_error").body(),
-                            status_code=500)
+        return _ASCIIJSONResponse(APIError(500, f"internal server error ({type(err).__name__})",
+                                           type="server_error").body(), status_code=500)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):

@@ -145,13 +145,15 @@ class ChatRequest(BaseModel):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = Field(default=None, ge=1)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    # strict: JSON types as OpenAI documents them; "temperature": true or "max_tokens": "8" is a 400,
+    # not coerced (an int is a valid number; a float is not an integer)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
+    top_k: int | None = Field(default=None, ge=-1, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    n: int | None = Field(default=None, ge=1, strict=True)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, strict=True)
 
 
 #: Request fields whose non-neutral values cannot be honoured: field -> (is the value neutral?, why).
@@ -211,12 +213,38 @@ def _validation_error(e: ValidationError) -> APIError:
     return APIError(400, msg, param=param or None, code="invalid_value")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_lone_surrogate(data: Any) -> tuple[str, str] | None:
+    """(field path, the character) of the first string or key in parsed JSON ``data`` holding a lone
+    UTF-16 surrogate (JSON's ``"\\ud800"`` escape decodes to one; no UTF-8 encoder accepts it), else None.
+    Iterative, so any nesting depth that ``json.loads`` accepted is fine."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            m = _SURROGATE.search(node)
+            if m:
+                return path, m.group(0)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                m = _SURROGATE.search(k)
+                if m:
+                    return path, m.group(0)
+                stack.append((f"{path}.{k}" if path else k, v))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(node))
+    return None
+
+
 def parse_request(body: bytes) -> ChatRequest:
     """Parse and validate a request body (already size-checked).
 
     Returns: the ChatRequest.
-    Raises: APIError 400 for invalid JSON, a non-object body, a missing or ill-typed field (naming it),
-    or a parameter this server cannot honour (``UNSUPPORTED``).
+    Raises: APIError 400 for invalid JSON, a non-object body, a lone surrogate in any string (naming
+    where), a missing or ill-typed field (naming it; JSON types are not coerced), or a parameter this
+    server cannot honour (``UNSUPPORTED``).
     """
     try:
         data = json.loads(body)
@@ -226,6 +254,12 @@ def parse_request(body: bytes) -> ChatRequest:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    where = find_lone_surrogate(data)
+    if where is not None:
+        path, char = where
+        raise APIError(400, f"'{path or '(a key)'}' holds a lone UTF-16 surrogate (\\u{ord(char):04x}), which is not "
+                       "valid Unicode text; send each astral character as a surrogate pair or as UTF-8",
+                       param=path or None, code="invalid_unicode")
     try:
         req = ChatRequest.model_validate(data)
     except ValidationError as e:

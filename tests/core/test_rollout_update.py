@@ -170,3 +170,14 @@ def test_saved_adapter_is_readable_by_other_users(policy, tmp_path):
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "adapter").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mode) == 0o644
+
+
+def test_max_grad_norm_zero_means_no_clipping(policy, plan_env):
+    trajs, adv = _batch(policy, plan_env, seeds=(11,), g=2)
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    opt = torch.optim.SGD(policy.trainable_parameters(), lr=1e-2)
+    metrics = grpo_update(policy, opt, trajs, adv, AlgorithmConfig(micro_batch_size=4, max_grad_norm=0.0),
+                          temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert metrics["policy/grad_norm"] > 0
+    moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(policy.trainable_parameters(), before))
+    assert moved > 0  # with clip_grad_norm_(max_norm=0) every gradient was scaled to 0 and nothing moved

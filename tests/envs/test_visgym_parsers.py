@@ -205,3 +205,12 @@ def test_reasons_are_informative():
     assert "1-4 letters" in make_parser("tuple").parse_with_reason("('stop', '')")[1]
     assert "<action>" in make_parser("keyword").parse_with_reason("up")[1]
     assert "'2'" in make_parser("plan").parse_with_reason("<answer>up 2</answer>")[1]
+
+
+@pytest.mark.parametrize("name", ["tuple", "tuple_answer"])
+def test_failure_reason_echo_is_bounded(name):
+    from envs.visgym.parsers import MAX_ECHO
+
+    body = "('move', " + "x" * 10_000 + ")"
+    parsed, reason = make_parser(name).parse_with_reason(f"<answer>{body}</answer>")
+    assert parsed is None and len(reason) < MAX_ECHO + 80

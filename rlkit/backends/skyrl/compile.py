@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.settings import SkyRLSettings
 from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
-from rlkit.run import ConfigError, instantiate_plugin, to_dataclass
+from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 
 #: The SkyRL release whose config schema this module targets.
 SKYRL_VERSION = "0.3.0"
@@ -145,6 +145,9 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
     steps, group_size, tasks_per_step = int(cfg.steps), int(cfg.group_size), int(cfg.tasks_per_step)
 
+    from rlkit.config import check_ranges
+
+    problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
     _check_unsupported(algo, trainer, sft, eval_cfg, steps, group_size, problems)
     env_spec, task = _env_and_reward(cfg)
     policy = _policy(cfg, problems)
@@ -453,7 +456,7 @@ def find_skyrl_adapter(env_target: str) -> Callable[[], str]:
 
 def _env_and_reward(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     env_spec = instantiate_plugin(cfg.env, "env")
-    instantiate_plugin(cfg.reward, "reward")  # fail here, not in the Ray job, on a bad reward config
+    instantiate_reward(cfg.reward)  # fail here, not in the Ray job, on a bad reward config
     env_target = _target(cfg.env)
     register = find_skyrl_adapter(env_target)
     env_id = register()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import math
 from typing import Any, Mapping
 
 import skyrl_gym
@@ -32,11 +31,10 @@ from hydra.utils import instantiate
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from rlkit.backends.skyrl.compile import REWARDED_ENV_ID, TASK_KEY
+from rlkit.reward_guard import GuardedReward, RewardError, split_guard_keys
 from rlkit.types import RewardOutput
 
-
-class RewardError(RuntimeError):
-    """The rlkit reward failed or returned something that is not a finite RewardOutput."""
+__all__ = ["RewardError", "RewardedEnv", "register"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -50,8 +48,10 @@ def _task(spec_json: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=16)
-def _reward_fn(reward_json: str) -> Any:
-    return instantiate(json.loads(reward_json))
+def _reward_fn(reward_json: str) -> GuardedReward:
+    """The guarded reward of a reward config node (its timeout_s / on_error, see rlkit.reward_guard)."""
+    node, timeout_s, on_error = split_guard_keys(json.loads(reward_json))
+    return GuardedReward(instantiate(node), timeout_s=timeout_s, on_error=on_error)
 
 
 class RewardedEnv(BaseTextEnv):
@@ -65,7 +65,8 @@ class RewardedEnv(BaseTextEnv):
     Raises:
         ValueError: no ``rlkit_task`` in the row, an adapter that registers another id or has no
             ``episode()``.
-        RewardError: the reward raised or returned a non-finite total (names the reward and seed).
+        RewardError: the reward raised, returned a non-finite total or ran past reward.timeout_s
+            (names the reward, the seed and the fix; with reward.on_error=zero it counts as 0 instead).
     """
 
     def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None):
@@ -110,14 +111,11 @@ class RewardedEnv(BaseTextEnv):
     def _score(self) -> RewardOutput:
         episode = self.inner.episode()
         try:
-            result = _reward_fn(self._reward_json)(episode)
+            reward = _reward_fn(self._reward_json)
         except Exception as e:
-            raise RewardError(f"reward {self.reward_name} failed on the episode of seed {episode.seed}: {e}") from e
-        if not isinstance(result, RewardOutput) or not math.isfinite(float(result.total)):
-            raise RewardError(
-                f"reward {self.reward_name} returned {result!r} on seed {episode.seed}; expected a finite RewardOutput"
-            )
-        return result
+            raise RewardError(f"reward {self.reward_name} could not be built for the episode of seed {episode.seed}: "
+                              f"{e}; check conf/reward/ and its overrides") from e
+        return reward(episode)
 
     def get_metrics(self) -> dict[str, Any]:
         """The adapter's metrics plus ``reward`` and ``reward/<component>`` (0 when the episode was cut)."""

@@ -1,0 +1,122 @@
+"""A local Ray instance must not outlive the run that started it.
+
+``ray.init(address="local")`` starts the GCS, the raylet and their agents (dashboard agent, runtime
+env agent, log monitor, workers) as processes of their own. ``ray.shutdown()`` stops them, but a
+driver killed with SIGKILL never calls it, and the agents were seen alive over a minute later. So
+``start_reaper`` launches this module as a tiny watchdog in its own session: it waits for the
+driver's pid to end, then stops every process of that Ray session (their command line names the
+session; their descendants, e.g. workers that renamed themselves "ray::...", go too): SIGTERM,
+then SIGKILL after ``grace_s``. After a clean ``ray.shutdown()`` the caller stops the watchdog.
+
+    python -m rlkit.distributed.reaper <driver pid> <session name> [grace_s]
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def session_processes(session_name: str, exclude: set[int] = frozenset()) -> list[int]:
+    """Pids whose command line contains ``session_name``, plus all their descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    roots: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        pid = int(d.name)
+        try:
+            stat = (d / "stat").read_text()
+            parents[pid] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if session_name.encode() in (d / "cmdline").read_bytes():
+                roots.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = set(), list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    return sorted(found - set(exclude) - {os.getpid()})
+
+
+def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = frozenset()) -> list[int]:
+    """SIGTERM every process of the session, SIGKILL what is left after ``grace_s``; returns the pids."""
+    pids = session_processes(session_name, exclude)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for_exit(pid: int) -> None:
+    """Block until process ``pid`` has ended (pidfd on Linux, else polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        while _alive(pid):
+            time.sleep(0.5)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+def start_reaper(session_name: str, driver_pid: int | None = None, grace_s: float = 3.0) -> subprocess.Popen:
+    """Launch the watchdog for ``session_name`` (see the module doc); returns its Popen (terminate it
+    after a clean ``ray.shutdown()``). It runs in its own session, so a signal to the driver's
+    process group does not reach it."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlkit.distributed.reaper", str(driver_pid or os.getpid()), session_name, str(grace_s)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def main(argv: list[str]) -> int:
+    driver, session = int(argv[0]), argv[1]
+    grace = float(argv[2]) if len(argv) > 2 else 3.0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the driver shut Ray down itself
+    wait_for_exit(driver)
+    stop_session(session, grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

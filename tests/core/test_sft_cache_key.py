@@ -1,0 +1,36 @@
+"""The SFT warm start's cache key depends on content, not on where the cache or checkpoint lives."""
+
+import shutil
+
+from omegaconf import OmegaConf
+
+from rlkit.sft import sft_cache_key
+
+SFT = OmegaConf.create({"lr": 1e-3, "max_steps": 10, "seed": 1234})
+ENV = OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "easy", "mode": "plan"})
+
+
+def _policy(**kw):
+    return OmegaConf.create({"_target_": "rlkit.policy.load_policy", "name": "tiny_vl", "path": None,
+                             "tiny": {"text_hidden": 64}, "cache_dir": "/home/a/.cache/tiny_vl", **kw})
+
+
+def test_cache_location_is_not_part_of_the_key():
+    a = sft_cache_key(SFT, ENV, _policy(cache_dir="/home/a/.cache/tiny_vl"))
+    b = sft_cache_key(SFT, ENV, _policy(cache_dir="/shared/rlkit-cache/tiny_vl"))
+    assert a == b
+    assert sft_cache_key(OmegaConf.merge(SFT, {"lr": 2e-3}), ENV, _policy()) != a  # content still counts
+    assert sft_cache_key(SFT, ENV, _policy(tiny={"text_hidden": 32})) != a
+
+
+def test_a_copied_checkpoint_keys_the_same(tmp_path):
+    src = tmp_path / "one" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text('{"hidden": 8}')
+    (src / "model.safetensors").write_bytes(b"\0" * 2_000_000)
+    dst = tmp_path / "elsewhere" / "ckpt"
+    shutil.copytree(src, dst)
+    key = sft_cache_key(SFT, ENV, _policy(path=str(src)))
+    assert sft_cache_key(SFT, ENV, _policy(path=str(dst))) == key
+    (dst / "config.json").write_text('{"hidden": 16}')
+    assert sft_cache_key(SFT, ENV, _policy(path=str(dst))) != key
