@@ -125,6 +125,11 @@ def mrope_position_ids(
     return pos, next_position
 
 
+def _pad_id(cfg) -> int:
+    """The config's pad token id (text config first), else 0; padded positions are always masked out."""
+    return int(getattr(cfg.text_config, "pad_token_id", None) or getattr(cfg, "pad_token_id", None) or 0)
+
+
 def _ids_list(x) -> list[int]:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
@@ -156,7 +161,7 @@ def sequence_batch(
     if device is None:
         device = next(unwrap_model(model).parameters()).device
     if pad_token_id is None:
-        pad_token_id = getattr(cfg.text_config, "pad_token_id", None) or getattr(cfg, "pad_token_id", None) or 0
+        pad_token_id = _pad_id(cfg)
     merge = int(cfg.vision_config.spatial_merge_size)
     rows = [_ids_list(s.input_ids) for s in sequences]
     if not rows or any(len(r) == 0 for r in rows):
@@ -419,19 +424,22 @@ def compute_logprobs_shared_prefix(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """compute_logprobs, with each group's shared prefix computed once (same outputs, fewer FLOPs).
 
-    For each PrefixCluster (shared_prefix_clusters: the G samples of a task and their longest common
-    token prefix with the same images; at least the first turn's prompt):
+    The PrefixClusters (shared_prefix_clusters: the G samples of a task and their longest common
+    token prefix with the same images; at least the first turn's prompt) run in two forwards:
 
-    1. prefix forward: the prefix (and its images) of the cluster's first row, batch 1, with the
-       mrope positions of the full sequence sliced to the prefix, ``use_cache=True``, with gradients;
-    2. its KV cache is expanded to the k rows (``Tensor.expand``, a view: autograd sums the k rows'
-       gradients back into the one prefix computation, so gradients are exact);
-    3. suffix forward: the k right-padded suffixes with that cache, the attention mask of prefix +
+    1. prefix forward: each cluster's prefix (and its images) once, [C, P_max] right-padded, with
+       the mrope positions of the full sequence sliced to the prefix, ``use_cache=True``, with
+       gradients;
+    2. the KV cache is repeated to each cluster's rows (``Tensor.expand`` for one cluster,
+       ``index_select`` for several: autograd sums the rows' gradients back into the one prefix
+       computation, so gradients are exact);
+    3. suffix forward: all clustered rows' suffixes [n, S_max] right-padded with that cache, an
+       attention mask [n, P_max + S_max] of the row's own prefix (the prefix padding masked) and its
        suffix, the full sequences' mrope positions sliced to the suffix (Qwen3-VL's positions after
        an image are not the token index, so they cannot be recomputed from the suffix alone), and
        the suffixes' own images (later turns of a multi-turn episode);
-    4. logprobs: prefix positions once (targets inside the prefix are the same for every row), the
-       first suffix token from the prefix's last logit, the rest from the suffix logits.
+    4. logprobs: prefix positions once per cluster (targets inside the prefix are the same for every
+       row), each row's first suffix token from the prefix's last logit, the rest from the suffix logits.
 
     Rows in no cluster run compute_logprobs' plain forward together. Positions and the attention
     mask follow transformers' Qwen3-VL (``Qwen3VLTextModel.forward``: 3-axis position_ids are used
@@ -468,41 +476,71 @@ def compute_logprobs_shared_prefix(
             if with_entropy:
                 ent_rows[i] = F.pad(ent[j], (0, t - ent.shape[1]))
 
-    for c in clusters:
-        rows, p, k = c.rows, c.prefix_len, len(c.rows)
-        rep = rows[0]
-        images = [_image_list(sequences[r]) for r in rows]
-        pv, thw = _cat_images(images[0][: c.num_prefix_images], device)
-        pre = model(
-            input_ids=batch.input_ids[rep : rep + 1, :p],  # [1, P]
-            attention_mask=batch.attention_mask[rep : rep + 1, :p],  # [1, P]
-            position_ids=batch.position_ids[:, rep : rep + 1, :p],  # [3, 1, P]
-            pixel_values=pv, image_grid_thw=thw, use_cache=True,
-        )
-        pre_logits = pre.logits[0]  # [P, V]
-        banned = banned_mask(banned_token_ids, pre_logits.shape[-1], device)
-        kv = [(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1))  # [k, H_kv, P, D]
-              for layer in pre.past_key_values.layers]
-        cache = DynamicCache(ddp_cache_data=kv, config=unwrap_model(model).config)
-        lengths = [batch.lengths[r] for r in rows]
-        s = max(lengths) - p
-        rows_t = torch.tensor(rows, device=device)
-        pv, thw = _cat_images([im for imgs in images for im in imgs[c.num_prefix_images :]], device)
-        suf = model(
-            input_ids=batch.input_ids[rows_t, p : p + s],  # [k, S]
-            attention_mask=batch.attention_mask[rows_t, : p + s],  # [k, P + S]
-            position_ids=batch.position_ids[:, rows_t, p : p + s],  # [3, k, S]
-            past_key_values=cache, pixel_values=pv, image_grid_thw=thw, use_cache=True,
-        )
-        suf_logits = suf.logits  # [k, S, V]
-        # prefix positions 0..P-1 predict tokens 1..P; token P (each row's first suffix token) differs per row
-        shared_t = batch.input_ids[rep, 1:p]  # [P-1]
-        logp_last = tempered_log_probs(pre_logits[p - 1], banned, temperature)  # [V]
-        lp_pre, ent_pre = _token_logprobs(pre_logits[: p - 1], shared_t, banned, temperature, with_entropy)  # [P-1]
+    if not clusters:
+        return torch.stack(lp_rows), (torch.stack(ent_rows) if with_entropy else None)
+
+    # 1. one prefix forward for all clusters: [C, P_max], right-padded (padding masked out)
+    pad = _pad_id(cfg)
+    c_n, p_max = len(clusters), max(c.prefix_len for c in clusters)
+    pre_ids = torch.full((c_n, p_max), pad, dtype=torch.long, device=device)  # [C, P_max]
+    pre_mask = torch.zeros((c_n, p_max), dtype=torch.long, device=device)  # [C, P_max]
+    pre_pos = torch.zeros((3, c_n, p_max), dtype=torch.long, device=device)  # [3, C, P_max]
+    pre_images = []
+    for ci, c in enumerate(clusters):
+        rep, p = c.rows[0], c.prefix_len
+        pre_ids[ci, :p] = batch.input_ids[rep, :p]
+        pre_mask[ci, :p] = 1
+        pre_pos[:, ci, :p] = batch.position_ids[:, rep, :p]  # the full sequence's positions, sliced
+        pre_images += _image_list(sequences[rep])[: c.num_prefix_images]
+    pv, thw = _cat_images(pre_images, device)
+    pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, pixel_values=pv,
+                image_grid_thw=thw, use_cache=True)
+    pre_logits = pre.logits  # [C, P_max, V]
+    banned = banned_mask(banned_token_ids, pre_logits.shape[-1], device)
+
+    # 2. the KV cache repeated to each cluster's rows (a view when there is one cluster)
+    rows = [r for c in clusters for r in c.rows]  # the suffix batch's rows, cluster by cluster
+    owner = [ci for ci, c in enumerate(clusters) for _ in c.rows]
+    if c_n == 1:
+        kv = [(layer.keys.expand(len(rows), -1, -1, -1), layer.values.expand(len(rows), -1, -1, -1))
+              for layer in pre.past_key_values.layers]  # [n, H_kv, P, D]
+    else:
+        own = torch.tensor(owner, device=device)
+        kv = [(layer.keys.index_select(0, own), layer.values.index_select(0, own))
+              for layer in pre.past_key_values.layers]  # [n, H_kv, P_max, D]
+    cache = DynamicCache(ddp_cache_data=kv, config=unwrap_model(model).config)
+
+    # 3. one suffix forward: [n, S_max] after the cache; attention mask [n, P_max + S_max]
+    s_max = max(batch.lengths[r] - clusters[ci].prefix_len for r, ci in zip(rows, owner))
+    suf_ids = torch.full((len(rows), s_max), pad, dtype=torch.long, device=device)  # [n, S_max]
+    suf_mask = torch.zeros((len(rows), p_max + s_max), dtype=torch.long, device=device)  # [n, P_max + S_max]
+    suf_pos = torch.zeros((3, len(rows), s_max), dtype=torch.long, device=device)  # [3, n, S_max]
+    suf_images = []
+    for j, (r, ci) in enumerate(zip(rows, owner)):
+        p = clusters[ci].prefix_len
+        s_r = batch.lengths[r] - p
+        suf_ids[j, :s_r] = batch.input_ids[r, p : p + s_r]
+        suf_mask[j, :p] = 1
+        suf_mask[j, p_max : p_max + s_r] = 1
+        suf_pos[:, j, :s_r] = batch.position_ids[:, r, p : p + s_r]
+        suf_images += _image_list(sequences[r])[clusters[ci].num_prefix_images :]
+    pv, thw = _cat_images(suf_images, device)
+    suf = model(input_ids=suf_ids, attention_mask=suf_mask, position_ids=suf_pos, past_key_values=cache,
+                pixel_values=pv, image_grid_thw=thw, use_cache=True)
+    suf_logits = suf.logits  # [n, S_max, V]
+
+    # 4. logprobs: prefix positions 0..P-2 predict the shared tokens 1..P-1 (once per cluster); position
+    # P-1 predicts each row's first suffix token; suffix positions predict the rest
+    j = 0
+    for ci, c in enumerate(clusters):
+        rep, p = c.rows[0], c.prefix_len
+        logp_last = tempered_log_probs(pre_logits[ci, p - 1], banned, temperature)  # [V]
+        lp_pre, ent_pre = _token_logprobs(pre_logits[ci, : p - 1], batch.input_ids[rep, 1:p], banned, temperature,
+                                          with_entropy)  # [P-1]
         if with_entropy:
             ent_last = -(logp_last.exp() * logp_last.masked_fill(banned, 0.0)).sum(-1, keepdim=True)  # [1]
-        for j, r in enumerate(rows):
-            length = lengths[j]
+        for r in c.rows:
+            length = batch.lengths[r]
             first_t = batch.input_ids[r, p : p + 1]  # [1]
             lp_first = torch.where(banned[first_t], torch.zeros(1, device=device), logp_last[first_t])  # [1]
             lp_suf, ent_suf = _token_logprobs(suf_logits[j, : length - p - 1], batch.input_ids[r, p + 1 : length],
@@ -510,6 +548,7 @@ def compute_logprobs_shared_prefix(
             lp_rows[r] = F.pad(torch.cat([lp_pre, lp_first, lp_suf]), (1, t - length))
             if with_entropy:
                 ent_rows[r] = F.pad(torch.cat([ent_pre, ent_last, ent_suf]), (1, t - length))
+            j += 1
     logprobs = torch.stack(lp_rows)  # [N, T]
     entropy = torch.stack(ent_rows) if with_entropy else None  # [N, T]
     return logprobs, entropy

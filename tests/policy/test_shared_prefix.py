@@ -108,3 +108,24 @@ def test_clusters_leave_every_row_a_suffix_and_never_split_an_image():
     assert shared_prefix_clusters([Seq([1, 2]), Seq([3, 4])], img) == []
     with pytest.raises(ValueError, match="group_keys"):
         shared_prefix_clusters([Seq([1, 2])], img, group_keys=[0, 1])
+
+
+def test_clusters_with_different_prefix_lengths_share_one_prefix_forward(make_policy):
+    policy = make_policy()
+    perturb_lora(policy.model, seed=3, scale=0.2)
+    plan = rollout(_env("plan", 18), policy, make_engine(policy), seeds=[4], group_size=3, sampling=SAMPLE,
+                   policy_version=0)
+    inter = rollout(_env("interactive", 2), policy, make_engine(policy), seeds=[5], group_size=2, sampling=SAMPLE,
+                    policy_version=0)
+    mixed = [plan[0], *[dataclasses.replace(t, group=1) for t in inter], plan[1], plan[2]]
+    clusters = shared_prefix_clusters(mixed, policy.hf_model.config.image_token_id)
+    assert [c.rows for c in clusters] == [[0, 3, 4], [1, 2]]
+    assert clusters[0].prefix_len != clusters[1].prefix_len
+    calls = []
+    hook = policy.hf_model.get_input_embeddings().register_forward_hook(lambda m, a, o: calls.append(tuple(a[0].shape)))
+    try:
+        _assert_same(policy, _ragged(mixed))
+    finally:
+        hook.remove()
+    # plain: 1 forward; shared: 1 prefix forward [2, P_max] + 1 suffix forward [5, S_max]
+    assert calls[0][0] == 5 and [c[0] for c in calls[1:]] == [2, 5]
