@@ -44,6 +44,15 @@ class AlgorithmConfig:
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
+    # Shared-prefix update (native backends): the samples of a group in one micro-batch run their
+    # common prompt (image + text; the longest common token prefix with the same images) once and
+    # share its KV cache; same logprobs, loss and gradients as the full-sequence forward within
+    # float32 rounding, fewer FLOPs. Each mini-batch is ordered group by group before it is cut
+    # into micro-batches, so a micro-batch holds whole groups where micro_batch_size allows (a
+    # group cut by a micro-batch boundary recomputes its prefix in each part). Falls back to the
+    # full-sequence forward with FSDP over > 1 rank and with gradient checkpointing (see
+    # rlkit.update). SkyRL computes its own forward; this switch does not apply there.
+    shared_prefix: bool = True
     max_grad_norm: float = 1.0  # 0 = no clipping (the norm is still logged)
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

@@ -10,6 +10,20 @@ by the micro-batch's share of policy tokens; sequence reductions: by its share o
 training logprobs of the pre-update weights (checked by tests/policy), so no extra forward pass is
 spent on them. With LoRA the reference policy is the same model with the adapter disabled, computed
 only when ``kl_coef > 0``.
+
+Shared-prefix forward (``algorithm.shared_prefix``, default on): the G samples of a task share
+their prompt (image + text), so within a micro-batch each group's longest common token prefix
+runs once with gradients and its KV cache feeds the G suffixes
+(rlkit.policy.logprobs.compute_logprobs_shared_prefix; the reference forward of the KL term does the
+same with the adapter off). Logprobs, loss and gradients equal the full-sequence forward within
+float32 rounding. Each mini-batch (drawn by the same shuffle as without it) is reordered group by
+group before it is cut into micro-batches: the micro-batch weights make the accumulated gradient
+independent of that order, and a micro-batch then holds whole groups as far as
+``micro_batch_size`` allows; a group cut by a micro-batch boundary recomputes its prefix in each
+part. Where it does not apply, the update uses the full-sequence forward: sequences without a
+common prefix (a group of one, or a first image that differs) inside the shared-prefix call, and the
+whole call under gradient checkpointing (which drops the KV cache in training) and FSDP over more
+than one rank (rlkit.distributed.update: ranks must run the same number of forwards).
 """
 
 from __future__ import annotations
@@ -102,16 +116,40 @@ def grpo_update(
     return out
 
 
+def use_shared_prefix(policy: Any, cfg: AlgorithmConfig) -> bool:
+    """Whether the update runs the shared-prefix forward: ``cfg.shared_prefix`` and the model
+    supports it (rlkit.policy.logprobs.shared_prefix_unsupported: not under gradient checkpointing)."""
+    if not cfg.shared_prefix:
+        return False
+    from rlkit.policy.logprobs import shared_prefix_unsupported
+
+    return shared_prefix_unsupported(policy.model) is None
+
+
+def order_by_group(trajs: list[Trajectory], batch: list[int]) -> list[int]:
+    """``batch`` (trajectory indices) reordered so the members of each group (``Trajectory.group``)
+    are contiguous: groups in order of first appearance, members in their order in ``batch``."""
+    first: dict[object, int] = {}
+    for pos, i in enumerate(batch):
+        first.setdefault(getattr(trajs[i], "group", None), pos)
+    return sorted(batch, key=lambda i: first[getattr(trajs[i], "group", None)])
+
+
 def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tensor, cfg: AlgorithmConfig,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+                     temperature: float, shared_prefix: bool | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The unweighted GRPO loss of one micro-batch: clipped policy loss (+ KL to the reference when
     ``kl_coef > 0``, - entropy bonus when ``entropy_coef > 0``) under ``cfg.loss_reduction``.
 
-    Args: seqs (n trajectories), advantages [n] (one per sequence), temperature of the logprobs.
+    Args: seqs (n trajectories), advantages [n] (one per sequence), temperature of the logprobs,
+    shared_prefix: run each group's common prefix once (module doc); None = use_shared_prefix.
     Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, detached
     diagnostics: clip_fraction, approx_kl, ratio_*, entropy, pg_loss, loss[, kl]).
     """
-    logprobs, entropy = policy.logprobs(seqs, temperature=temperature)  # [n, T], [n, T]
+    if shared_prefix is None:
+        shared_prefix = use_shared_prefix(policy, cfg)
+    extra = {"shared_prefix": True} if shared_prefix else {}
+    logprobs, entropy = policy.logprobs(seqs, temperature=temperature, **extra)  # [n, T], [n, T]
     device = logprobs.device
     mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]
     old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32).to(device)  # [n, T]
@@ -125,7 +163,7 @@ def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tens
     total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
     if cfg.kl_coef > 0:
         with torch.no_grad(), policy.reference():
-            ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False)
+            ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False, **extra)
         kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
         total = total + cfg.kl_coef * kl
         diag["kl"] = kl.detach()
@@ -144,10 +182,13 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
     total_seqs = len(batch)
     diag_sums: dict[str, float] = {}
     micro = max(cfg.micro_batch_size, 1)
+    shared = use_shared_prefix(policy, cfg)
+    if shared:
+        batch = order_by_group(trajs, batch)  # whole groups per micro-batch; the gradient is order-free
     for start in range(0, len(batch), micro):
         idx = batch[start : start + micro]
         seqs = [trajs[i] for i in idx]
-        total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature)
+        total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature, shared_prefix=shared)
         weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (len(idx) / total_seqs)
         (total * weight).backward()
         if on_backward is not None:

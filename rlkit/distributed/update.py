@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
-from rlkit.update import micro_batch_loss
+from rlkit.update import micro_batch_loss, order_by_group
 
 
 @dataclass
@@ -108,6 +108,8 @@ def plan_update(
         order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
         for start in range(0, len(order), mini):
             batch = order[start : start + mini]
+            if world_size == 1 and cfg.shared_prefix:
+                batch = order_by_group(trajectories, batch)  # as grpo_update: whole groups per micro-batch
             shares = split_even(batch, world_size)
             total_tokens = sum(trajectories[i].num_policy_tokens for i in batch)
             num_micro = max(math.ceil(len(s) / micro) for s in shares)
@@ -164,7 +166,10 @@ def sharded_grpo_update(
             _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
             root.set_requires_gradient_sync(m == step.num_micro - 1)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
-            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature)
+            # shared_prefix off over > 1 rank: the prefix/suffix forwards per micro-batch vary with the
+            # groups it holds, and FSDP2's all-gathers need the same number of forwards on every rank
+            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature,
+                                                 shared_prefix=None if _world() == 1 else False)
             if is_filler:
                 weight = 0.0
             elif token_level:

@@ -125,6 +125,11 @@ def mrope_position_ids(
     return pos, next_position
 
 
+def _pad_id(cfg) -> int:
+    """The config's pad token id (text config first), else 0; padded positions are always masked out."""
+    return int(getattr(cfg.text_config, "pad_token_id", None) or getattr(cfg, "pad_token_id", None) or 0)
+
+
 def _ids_list(x) -> list[int]:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
@@ -156,7 +161,7 @@ def sequence_batch(
     if device is None:
         device = next(unwrap_model(model).parameters()).device
     if pad_token_id is None:
-        pad_token_id = getattr(cfg.text_config, "pad_token_id", None) or getattr(cfg, "pad_token_id", None) or 0
+        pad_token_id = _pad_id(cfg)
     merge = int(cfg.vision_config.spatial_merge_size)
     rows = [_ids_list(s.input_ids) for s in sequences]
     if not rows or any(len(r) == 0 for r in rows):
@@ -261,15 +266,289 @@ def compute_logprobs(
     valid = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
     lp_rows, ent_rows = [], []
     for i in range(n):  # row by row: bounds the float32 [T, V] temporaries to one sequence
-        logp = tempered_log_probs(logits[i, :-1], banned, temperature)  # [T-1, V]
-        lp = logp.gather(-1, targets[i].unsqueeze(-1)).squeeze(-1)  # [T-1]
-        lp = torch.where(valid[i] & ~banned[targets[i]], lp, torch.zeros_like(lp))
-        lp_rows.append(F.pad(lp, (1, 0)))
+        lp, ent = _token_logprobs(logits[i, :-1], targets[i], banned, temperature, with_entropy)  # [T-1]
+        lp_rows.append(F.pad(torch.where(valid[i], lp, torch.zeros_like(lp)), (1, 0)))
         if with_entropy:
-            p = logp.exp()
-            ent = -(p * logp.masked_fill(banned, 0.0)).sum(-1)  # [T-1]
-            ent = torch.where(valid[i], ent, torch.zeros_like(ent))
-            ent_rows.append(F.pad(ent, (1, 0)))
+            ent_rows.append(F.pad(torch.where(valid[i], ent, torch.zeros_like(ent)), (1, 0)))
     logprobs = torch.stack(lp_rows)
     entropy = torch.stack(ent_rows) if with_entropy else None
+    return logprobs, entropy
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, banned: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logprob of ``targets`` under the tempered, banned-masked distribution of ``logits``.
+
+    logits [L, V] (position j predicts targets[j]); targets [L] long. Returns lp [L] float32 (0 where
+    the target is banned) and entropy [L] float32 (nats) or None. Shared by compute_logprobs and
+    compute_logprobs_shared_prefix so the two compute the same function of the logits.
+    """
+    logp = tempered_log_probs(logits, banned, temperature)  # [L, V]
+    lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [L]
+    lp = torch.where(~banned[targets], lp, torch.zeros_like(lp))
+    if not with_entropy:
+        return lp, None
+    ent = -(logp.exp() * logp.masked_fill(banned, 0.0)).sum(-1)  # [L]
+    return lp, ent
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-prefix forward: the G samples of a group run their common prompt once.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefixCluster:
+    """Rows of a batch that share a prefix: ``rows`` (indices into the batch, >= 2 of them) share
+    their first ``prefix_len`` tokens and the first ``num_prefix_images`` images (equal pixels and
+    grids); every row has at least one token after the prefix."""
+
+    rows: list[int]
+    prefix_len: int
+    num_prefix_images: int
+
+
+def _image_list(seq) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The images of a SequenceLike, one (pixel_values [P_i, D], image_grid_thw [1, 3]) per image, in order."""
+    pv, thw = _images_of(seq)
+    if pv is None or thw is None:
+        return []
+    thw = thw.reshape(-1, 3).long()
+    sizes = thw.prod(-1).tolist()
+    return [(p, g.reshape(1, 3)) for p, g in zip(torch.split(pv, sizes, 0), thw)]
+
+
+def _image_runs(ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of <|image_pad|> tokens in ``ids`` (one run per image)."""
+    runs, start = [], None
+    for j, tok in enumerate(ids):
+        if tok == image_token_id and start is None:
+            start = j
+        elif tok != image_token_id and start is not None:
+            runs.append((start, j))
+            start = None
+    if start is not None:
+        runs.append((start, len(ids)))
+    return runs
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    diff = (torch.tensor(a[:m]) != torch.tensor(b[:m])).nonzero()
+    return int(diff[0, 0]) if len(diff) else m
+
+
+def shared_prefix_clusters(
+    sequences: Sequence[SequenceLike],
+    image_token_id: int,
+    group_keys: Sequence[object] | None = None,
+) -> list[PrefixCluster]:
+    """Find the rows whose forward can share a prefix.
+
+    Rows with equal group keys (default: each sequence's ``group`` attribute, e.g.
+    rlkit.rollout.Trajectory.group, the task index of the G samples; sequences without one all get
+    the same key) are candidates; their shared prefix is their longest common token prefix, cut
+
+    - to leave every row at least one token of its own (a row's first suffix token still needs
+      its own logprob from the prefix's last logit, so the suffix forward is never empty),
+    - before an image whose <|image_pad|> run the cut would split (an image is encoded whole),
+    - before the first image that differs between the rows (pixels or grid), so equal token ids
+      with different pictures are never shared.
+
+    Returns: one PrefixCluster per candidate set with >= 2 rows and a non-empty prefix, in order of
+    first row; rows in no cluster run the plain full-sequence forward.
+    """
+    ids = [_ids_list(s.input_ids) for s in sequences]
+    if group_keys is None:
+        group_keys = [getattr(s, "group", None) for s in sequences]
+    if len(group_keys) != len(ids):
+        raise ValueError(f"group_keys has {len(group_keys)} entries for {len(ids)} sequences")
+    by_key: dict[object, list[int]] = {}
+    for i, key in enumerate(group_keys):
+        by_key.setdefault(key, []).append(i)
+    clusters = []
+    for rows in by_key.values():
+        if len(rows) < 2:
+            continue
+        rep = ids[rows[0]]
+        p = min(len(ids[r]) for r in rows) - 1
+        for r in rows[1:]:
+            p = min(p, _common_prefix_len(rep, ids[r]))
+        runs = _image_runs(rep, image_token_id)
+        n_img = 0
+        for start, end in runs:
+            if end > p:  # the cut splits this image (start < p) or the image lies after it
+                p = min(p, start)
+                break
+            n_img += 1
+        if n_img:
+            images = [_image_list(sequences[r]) for r in rows]
+            for j in range(n_img):
+                pv0, g0 = images[0][j]
+                if not all(torch.equal(g0, im[j][1]) and torch.equal(pv0, im[j][0]) for im in images[1:]):
+                    p, n_img = runs[j][0], j
+                    break
+        if p >= 1:
+            clusters.append(PrefixCluster(rows=list(rows), prefix_len=p, num_prefix_images=n_img))
+    return clusters
+
+
+def _cat_images(images: list[tuple[torch.Tensor, torch.Tensor]], device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if not images:
+        return None, None
+    return (torch.cat([pv for pv, _ in images], 0).to(device=device, dtype=torch.float32),
+            torch.cat([g for _, g in images], 0).long().to(device))
+
+
+def shared_prefix_unsupported(model: nn.Module) -> str | None:
+    """Why the shared-prefix forward cannot run on ``model`` (None if it can).
+
+    Gradient checkpointing in training mode drops the KV cache the suffix forward needs
+    (transformers' GradientCheckpointingLayer sets ``past_key_values=None``).
+    """
+    hf = unwrap_model(model)
+    if getattr(hf, "is_gradient_checkpointing", False) and hf.training:
+        return "gradient checkpointing drops the KV cache in training mode"
+    return None
+
+
+def compute_logprobs_shared_prefix(
+    model: nn.Module,
+    sequences: Sequence[SequenceLike],
+    temperature: float = 1.0,
+    banned_token_ids: Sequence[int] | torch.Tensor | None = None,
+    with_entropy: bool = True,
+    group_keys: Sequence[object] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compute_logprobs, with each group's shared prefix computed once (same outputs, fewer FLOPs).
+
+    The PrefixClusters (shared_prefix_clusters: the G samples of a task and their longest common
+    token prefix with the same images; at least the first turn's prompt) run in two forwards:
+
+    1. prefix forward: each cluster's prefix (and its images) once, [C, P_max] right-padded, with
+       the mrope positions of the full sequence sliced to the prefix, ``use_cache=True``, with
+       gradients;
+    2. the KV cache is repeated to each cluster's rows (``Tensor.expand`` for one cluster,
+       ``index_select`` for several: autograd sums the rows' gradients back into the one prefix
+       computation, so gradients are exact);
+    3. suffix forward: all clustered rows' suffixes [n, S_max] right-padded with that cache, an
+       attention mask [n, P_max + S_max] of the row's own prefix (the prefix padding masked) and its
+       suffix, the full sequences' mrope positions sliced to the suffix (Qwen3-VL's positions after
+       an image are not the token index, so they cannot be recomputed from the suffix alone), and
+       the suffixes' own images (later turns of a multi-turn episode);
+    4. logprobs: prefix positions once per cluster (targets inside the prefix are the same for every
+       row), each row's first suffix token from the prefix's last logit, the rest from the suffix logits.
+
+    Rows in no cluster run compute_logprobs' plain forward together. Positions and the attention
+    mask follow transformers' Qwen3-VL (``Qwen3VLTextModel.forward``: 3-axis position_ids are used
+    as given; ``create_causal_mask`` offsets the causal mask by the cache length).
+
+    Args / Returns: as compute_logprobs, with ``sequences`` a list (not a SequenceBatch: the images
+    are needed per sequence) and ``group_keys`` as in shared_prefix_clusters. logprobs [N, T] and
+    entropy [N, T] float32 equal compute_logprobs' within float32 rounding
+    (tests/policy/test_shared_prefix.py).
+
+    Raises: ValueError as sequence_batch; RuntimeError from shared_prefix_unsupported's cases.
+    """
+    from transformers import DynamicCache
+
+    if isinstance(sequences, SequenceBatch):
+        raise TypeError("compute_logprobs_shared_prefix needs the sequences (with their images), not a SequenceBatch")
+    why = shared_prefix_unsupported(model)
+    if why is not None:
+        raise RuntimeError(f"shared-prefix forward unavailable: {why}; use compute_logprobs (algorithm.shared_prefix=false)")
+    cfg = model_config(model)
+    batch = sequence_batch(model, sequences, padding_side="right")  # validates; mrope positions of the full rows
+    n, t = batch.input_ids.shape
+    device = batch.input_ids.device
+    clusters = shared_prefix_clusters(sequences, int(cfg.image_token_id), group_keys)
+    in_cluster = {r for c in clusters for r in c.rows}
+    lp_rows: list[torch.Tensor | None] = [None] * n
+    ent_rows: list[torch.Tensor | None] = [None] * n
+
+    plain = [i for i in range(n) if i not in in_cluster]
+    if plain:
+        lp, ent = compute_logprobs(model, [sequences[i] for i in plain], temperature, banned_token_ids, with_entropy)
+        for j, i in enumerate(plain):
+            lp_rows[i] = F.pad(lp[j], (0, t - lp.shape[1]))
+            if with_entropy:
+                ent_rows[i] = F.pad(ent[j], (0, t - ent.shape[1]))
+
+    if not clusters:
+        return torch.stack(lp_rows), (torch.stack(ent_rows) if with_entropy else None)
+
+    # 1. one prefix forward for all clusters: [C, P_max], right-padded (padding masked out)
+    pad = _pad_id(cfg)
+    c_n, p_max = len(clusters), max(c.prefix_len for c in clusters)
+    pre_ids = torch.full((c_n, p_max), pad, dtype=torch.long, device=device)  # [C, P_max]
+    pre_mask = torch.zeros((c_n, p_max), dtype=torch.long, device=device)  # [C, P_max]
+    pre_pos = torch.zeros((3, c_n, p_max), dtype=torch.long, device=device)  # [3, C, P_max]
+    pre_images = []
+    for ci, c in enumerate(clusters):
+        rep, p = c.rows[0], c.prefix_len
+        pre_ids[ci, :p] = batch.input_ids[rep, :p]
+        pre_mask[ci, :p] = 1
+        pre_pos[:, ci, :p] = batch.position_ids[:, rep, :p]  # the full sequence's positions, sliced
+        pre_images += _image_list(sequences[rep])[: c.num_prefix_images]
+    pv, thw = _cat_images(pre_images, device)
+    pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, pixel_values=pv,
+                image_grid_thw=thw, use_cache=True)
+    pre_logits = pre.logits  # [C, P_max, V]
+    banned = banned_mask(banned_token_ids, pre_logits.shape[-1], device)
+
+    # 2. the KV cache repeated to each cluster's rows (a view when there is one cluster)
+    rows = [r for c in clusters for r in c.rows]  # the suffix batch's rows, cluster by cluster
+    owner = [ci for ci, c in enumerate(clusters) for _ in c.rows]
+    if c_n == 1:
+        kv = [(layer.keys.expand(len(rows), -1, -1, -1), layer.values.expand(len(rows), -1, -1, -1))
+              for layer in pre.past_key_values.layers]  # [n, H_kv, P, D]
+    else:
+        own = torch.tensor(owner, device=device)
+        kv = [(layer.keys.index_select(0, own), layer.values.index_select(0, own))
+              for layer in pre.past_key_values.layers]  # [n, H_kv, P_max, D]
+    cache = DynamicCache(ddp_cache_data=kv, config=unwrap_model(model).config)
+
+    # 3. one suffix forward: [n, S_max] after the cache; attention mask [n, P_max + S_max]
+    s_max = max(batch.lengths[r] - clusters[ci].prefix_len for r, ci in zip(rows, owner))
+    suf_ids = torch.full((len(rows), s_max), pad, dtype=torch.long, device=device)  # [n, S_max]
+    suf_mask = torch.zeros((len(rows), p_max + s_max), dtype=torch.long, device=device)  # [n, P_max + S_max]
+    suf_pos = torch.zeros((3, len(rows), s_max), dtype=torch.long, device=device)  # [3, n, S_max]
+    suf_images = []
+    for j, (r, ci) in enumerate(zip(rows, owner)):
+        p = clusters[ci].prefix_len
+        s_r = batch.lengths[r] - p
+        suf_ids[j, :s_r] = batch.input_ids[r, p : p + s_r]
+        suf_mask[j, :p] = 1
+        suf_mask[j, p_max : p_max + s_r] = 1
+        suf_pos[:, j, :s_r] = batch.position_ids[:, r, p : p + s_r]
+        suf_images += _image_list(sequences[r])[clusters[ci].num_prefix_images :]
+    pv, thw = _cat_images(suf_images, device)
+    suf = model(input_ids=suf_ids, attention_mask=suf_mask, position_ids=suf_pos, past_key_values=cache,
+                pixel_values=pv, image_grid_thw=thw, use_cache=True)
+    suf_logits = suf.logits  # [n, S_max, V]
+
+    # 4. logprobs: prefix positions 0..P-2 predict the shared tokens 1..P-1 (once per cluster); position
+    # P-1 predicts each row's first suffix token; suffix positions predict the rest
+    j = 0
+    for ci, c in enumerate(clusters):
+        rep, p = c.rows[0], c.prefix_len
+        logp_last = tempered_log_probs(pre_logits[ci, p - 1], banned, temperature)  # [V]
+        lp_pre, ent_pre = _token_logprobs(pre_logits[ci, : p - 1], batch.input_ids[rep, 1:p], banned, temperature,
+                                          with_entropy)  # [P-1]
+        if with_entropy:
+            ent_last = -(logp_last.exp() * logp_last.masked_fill(banned, 0.0)).sum(-1, keepdim=True)  # [1]
+        for r in c.rows:
+            length = batch.lengths[r]
+            first_t = batch.input_ids[r, p : p + 1]  # [1]
+            lp_first = torch.where(banned[first_t], torch.zeros(1, device=device), logp_last[first_t])  # [1]
+            lp_suf, ent_suf = _token_logprobs(suf_logits[j, : length - p - 1], batch.input_ids[r, p + 1 : length],
+                                              banned, temperature, with_entropy)  # [L - P - 1]
+            lp_rows[r] = F.pad(torch.cat([lp_pre, lp_first, lp_suf]), (1, t - length))
+            if with_entropy:
+                ent_rows[r] = F.pad(torch.cat([ent_pre, ent_last, ent_suf]), (1, t - length))
+            j += 1
+    logprobs = torch.stack(lp_rows)  # [N, T]
+    entropy = torch.stack(ent_rows) if with_entropy else None  # [N, T]
     return logprobs, entropy

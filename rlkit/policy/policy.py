@@ -201,15 +201,21 @@ class Policy:
         with self.model.disable_adapter():
             yield self.model
 
-    def compute_logprobs(self, batch, temperature: float = 1.0, with_entropy: bool = True):
-        """rlkit.policy.logprobs.compute_logprobs with this policy's model and banned ids."""
-        from rlkit.policy.logprobs import compute_logprobs
+    def compute_logprobs(self, batch, temperature: float = 1.0, with_entropy: bool = True,
+                         shared_prefix: bool = False):
+        """rlkit.policy.logprobs.compute_logprobs with this policy's model and banned ids; with
+        ``shared_prefix``, compute_logprobs_shared_prefix (each group's common prefix runs once;
+        ``batch`` must then be a list of sequences)."""
+        from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix
 
+        if shared_prefix:
+            return compute_logprobs_shared_prefix(self.model, batch, temperature, self.banned_token_ids,
+                                                  with_entropy=with_entropy)
         return compute_logprobs(self.model, batch, temperature, self.banned_token_ids, with_entropy=with_entropy)
 
-    def logprobs(self, sequences, temperature: float = 1.0, with_entropy: bool = True):
+    def logprobs(self, sequences, temperature: float = 1.0, with_entropy: bool = True, shared_prefix: bool = False):
         """Alias of compute_logprobs (sequences: Trajectories, PromptInputs or a SequenceBatch)."""
-        return self.compute_logprobs(sequences, temperature, with_entropy=with_entropy)
+        return self.compute_logprobs(sequences, temperature, with_entropy=with_entropy, shared_prefix=shared_prefix)
 
     def save_adapter(self, path: str | os.PathLike, version: int | None = None) -> AdapterInfo:
         """Save the LoRA adapter (standard PEFT format, atomic); see rlkit.policy.lora.save_adapter."""

@@ -54,6 +54,24 @@ def test_plan_shuffles_like_grpo_update_and_splits_each_minibatch():
         assert set(p.trajectories) == needed == set(p.advantages)
 
 
+def test_single_rank_plan_orders_each_minibatch_group_by_group():
+    @dataclass
+    class _GTraj(_Traj):
+        group: int = 0
+
+    trajs = [_GTraj(2, group=g) for g in (0, 0, 1, 1, 2, 2)]
+    adv = torch.ones(6)
+    for shared in (True, False):
+        cfg = AlgorithmConfig(micro_batch_size=2, shared_prefix=shared)
+        (plan,) = plan_update(trajs, adv, cfg, world_size=1, generator=torch.Generator().manual_seed(0))
+        order = [trajs[i].group for i in plan.steps[0].indices]
+        ref = [trajs[i].group for i in torch.randperm(6, generator=torch.Generator().manual_seed(0)).tolist()]
+        if shared:  # as grpo_update: whole groups per micro-batch (the shuffle still picks the groups' order)
+            assert order == sorted(ref, key=ref.index)
+        else:
+            assert order == ref
+
+
 def test_plan_skips_when_nothing_is_kept_without_drawing():
     trajs = [_Traj(2), _Traj(3)]
     cfg = AlgorithmConfig(filter_zero_variance_groups=True)

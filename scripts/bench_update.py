@@ -1,0 +1,139 @@
+"""Time of the GRPO update's forward + backward: the shared-prefix forward vs the full-sequence forward.
+
+    python scripts/bench_update.py                   # conf/policy/tiny_vl.yaml sizes, 8 groups x 8 samples
+    python scripts/bench_update.py --sizes issue15   # issue 15's workload: text 256 x 4 layers (head_dim 64),
+                                                     # vision 128 x 2, patch 16, 49 image tokens
+    python scripts/bench_update.py --reps 7 --micro-batch 16 --kl-coef 0.1
+
+Workload: ``--groups`` maze-like prompts (system + one maze image + text, built with the policy's chat
+format), ``--group-size`` samples each; every sample is the prompt plus a random completion of
+``--new-tokens`` +- 25% tokens and <|im_end|> (loss mask 1 on the completion). Old logprobs are the
+full-forward logprobs of the same weights (on-policy). One call of rlkit.update.grpo_update (one
+optimizer step: SGD with lr 0, so the weights stay fixed across repetitions) with
+``algorithm.shared_prefix`` false vs true, otherwise the same AlgorithmConfig (conf/algorithm/grpo.yaml's
+micro-batch size unless --micro-batch). One torch thread unless --threads. The two variants alternate
+(which one goes first alternates too); the first --warmup rounds are not timed; medians are reported,
+plus the largest difference of the update's loss between the variants (equal within float32 rounding).
+
+Last line: ``update: shared-prefix X s vs plain Y s (Zx)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlkit.config import AlgorithmConfig  # noqa: E402
+from rlkit.policy import load_policy  # noqa: E402
+from rlkit.rollout import Trajectory  # noqa: E402
+from rlkit.update import grpo_update  # noqa: E402
+from scripts.bench_policy import PROMPT, SYSTEM, maze_image  # noqa: E402
+
+#: issue 15's measured workload (159-token prompt with 49 image tokens of a 224x224 image, patch 16).
+ISSUE15_SIZES = dict(
+    text_hidden=256, text_layers=4, text_heads=4, text_kv_heads=2, head_dim=64, text_intermediate=768,
+    vision_hidden=128, vision_depth=2, vision_heads=2, vision_intermediate=256, patch_size=16,
+    image_min_pixels=224 * 224, image_max_pixels=224 * 224,
+)
+
+
+def build_policy(args):
+    node = OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml")
+    node.cache_dir = args.cache_dir or os.path.join(tempfile.gettempdir(), "rlkit_bench_cache")
+    kwargs = OmegaConf.to_container(node, resolve=True)
+    kwargs.pop("_target_")
+    kwargs["device"] = "cpu"
+    if args.sizes == "issue15":
+        kwargs["tiny"] = {**kwargs["tiny"], **ISSUE15_SIZES}
+    return load_policy(**kwargs)
+
+
+def build_batch(policy, args) -> tuple[list[Trajectory], torch.Tensor]:
+    """groups x group_size trajectories (prompt + random completion), on-policy old logprobs, advantages [N]."""
+    chat = policy.chat
+    gen = torch.Generator().manual_seed(0)
+    allowed = torch.tensor(sorted(set(range(len(policy.tokenizer))) - set(policy.banned_token_ids) - {chat.im_end_id}))
+    trajs = []
+    for g in range(args.groups):
+        turn = chat.user_turn(PROMPT, [maze_image(g)], system=SYSTEM, first=True)
+        for _ in range(args.group_size):
+            spread = max(args.new_tokens // 4, 0)
+            n = args.new_tokens + int(torch.randint(-spread, spread + 1, (1,), generator=gen))
+            completion = allowed[torch.randint(len(allowed), (max(n, 1),), generator=gen)].tolist() + [chat.im_end_id]
+            ids = list(turn.input_ids) + completion
+            mask = [0] * len(turn.input_ids) + [1] * len(completion)
+            trajs.append(Trajectory(ids, mask, [0.0] * len(ids), list(turn.image_inputs), episode=None, group=g,
+                                    policy_version=0))
+    with torch.no_grad():
+        for start in range(0, len(trajs), args.micro_batch):
+            chunk = trajs[start : start + args.micro_batch]
+            lp, _ = policy.logprobs(chunk, with_entropy=False)  # [n, T]
+            for t, row in zip(chunk, lp):
+                t.sampling_logprobs = [v if m else 0.0 for v, m in zip(row[: len(t.input_ids)].tolist(), t.loss_mask)]
+    adv = torch.randn(len(trajs), generator=gen)  # [N]
+    return trajs, adv
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", choices=["conf", "issue15"], default="conf", help="tiny policy sizes")
+    ap.add_argument("--groups", type=int, default=8, help="tasks (groups) in the batch")
+    ap.add_argument("--group-size", type=int, default=8, help="samples per group (G)")
+    ap.add_argument("--new-tokens", type=int, default=24, help="mean completion length (tokens)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default: conf/algorithm/grpo.yaml)")
+    ap.add_argument("--loss-reduction", default="token_mean")
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--reps", type=int, default=5, help="timed rounds (each runs both variants)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--cache-dir", default=None, help="tiny checkpoint cache (default: a temp dir)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    algo_yaml = OmegaConf.load(ROOT / "conf" / "algorithm" / "grpo.yaml")
+    if args.micro_batch is None:
+        args.micro_batch = int(algo_yaml.micro_batch_size)
+
+    policy = build_policy(args)
+    trajs, adv = build_batch(policy, args)
+    n = policy.num_parameters()
+    prompt_len = trajs[0].loss_mask.index(1)
+    mean_len = sum(len(t.input_ids) for t in trajs) / len(trajs)
+    print(f"policy: {args.sizes} sizes, {n['total']:,} params (LoRA trainable {n['trainable']:,}); "
+          f"{args.groups} groups x {args.group_size} samples, prompt {prompt_len} tokens "
+          f"({trajs[0].input_ids.count(policy.chat.image_pad_id)} image tokens), mean length {mean_len:.0f}; "
+          f"micro-batch {args.micro_batch}, {args.loss_reduction}, kl_coef {args.kl_coef}, {args.threads} thread(s)")
+
+    params = policy.trainable_parameters()
+    opt = torch.optim.SGD(params, lr=0.0)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.warmup + args.reps):
+        for shared in ((False, True) if r % 2 == 0 else (True, False)):
+            cfg = AlgorithmConfig(shared_prefix=shared, micro_batch_size=args.micro_batch,
+                                  loss_reduction=args.loss_reduction, kl_coef=args.kl_coef, max_grad_norm=1e9)
+            t0 = time.perf_counter()
+            m = grpo_update(policy, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(r))
+            dt = time.perf_counter() - t0
+            if r >= args.warmup:
+                times[shared].append(dt)
+                losses[shared].append(m["policy/loss"])
+    plain, shared = statistics.median(times[False]), statistics.median(times[True])
+    diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
+    print(f"rounds: plain {', '.join(f'{t:.2f}' for t in times[False])} s; "
+          f"shared-prefix {', '.join(f'{t:.2f}' for t in times[True])} s; max |loss difference| {diff:.2e}")
+    print(f"update: shared-prefix {shared:.2f} s vs plain {plain:.2f} s ({plain / shared:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()

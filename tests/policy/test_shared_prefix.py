@@ -1,0 +1,131 @@
+"""Shared-prefix logprobs (each group's common prefix run once) == full-sequence logprobs, with gradients."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlkit.policy import SamplingParams, make_engine
+from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix, shared_prefix_clusters
+from rlkit.rollout import rollout
+
+from .conftest import perturb_lora
+
+SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=10, seed=5)
+
+
+def _env(mode: str, max_turns: int):
+    from envs.visgym import VisGymMaze
+
+    return VisGymMaze(variant="easy", mode=mode, parser="plan" if mode == "plan" else "tuple", max_turns=max_turns)
+
+
+def _ragged(trajs, cut=(0, 3, 1, 5)):
+    """Copies with the last few tokens cut off, so rows of a group differ in length (right padding)."""
+    out = []
+    for i, t in enumerate(trajs):
+        k = cut[i % len(cut)]
+        n = len(t.input_ids) - k
+        out.append(dataclasses.replace(t, input_ids=t.input_ids[:n], loss_mask=t.loss_mask[:n],
+                                       sampling_logprobs=t.sampling_logprobs[:n]))
+    return out
+
+
+def _grads(policy, lp, ent):
+    params = policy.trainable_parameters()
+    # a loss touching every position of both outputs
+    w = torch.linspace(0.5, 1.5, lp.shape[1])
+    return torch.autograd.grad(((lp + 0.3 * ent) * w).sum(), params)
+
+
+def _assert_same(policy, trajs, temperature=1.0):
+    lp_a, ent_a = compute_logprobs(policy.model, trajs, temperature, policy.banned_token_ids)
+    g_a = _grads(policy, lp_a, ent_a)
+    lp_b, ent_b = compute_logprobs_shared_prefix(policy.model, trajs, temperature, policy.banned_token_ids)
+    g_b = _grads(policy, lp_b, ent_b)
+    assert lp_a.shape == lp_b.shape and ent_a.shape == ent_b.shape
+    assert torch.allclose(lp_a, lp_b, atol=2e-5, rtol=0), float((lp_a - lp_b).abs().max())
+    assert torch.allclose(ent_a, ent_b, atol=2e-5, rtol=0), float((ent_a - ent_b).abs().max())
+    for x, y in zip(g_a, g_b):
+        assert torch.allclose(x, y, atol=1e-5 * float(x.abs().max()) + 1e-7, rtol=1e-4), float((x - y).abs().max())
+
+
+@pytest.mark.parametrize("mode,turns", [("plan", 18), ("interactive", 2)], ids=["plan", "interactive-2-turn"])
+def test_shared_prefix_logprobs_and_gradients_equal_full_forward(make_policy, mode, turns):
+    policy = make_policy()
+    perturb_lora(policy.model, seed=1, scale=0.2)
+    trajs = rollout(_env(mode, turns), policy, make_engine(policy), seeds=[11, 12], group_size=4, sampling=SAMPLE,
+                    policy_version=0)
+    trajs = _ragged(trajs)
+    clusters = shared_prefix_clusters(trajs, policy.hf_model.config.image_token_id)
+    assert [c.rows for c in clusters] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for c in clusters:
+        first_policy_token = trajs[c.rows[0]].loss_mask.index(1)
+        assert c.prefix_len >= first_policy_token and c.num_prefix_images == 1  # at least the first prompt
+    if mode == "interactive":
+        assert all(len(t.image_inputs) == 2 for t in trajs)  # the second turn's image is in the suffix
+    _assert_same(policy, trajs, temperature=0.8)
+
+
+def test_shared_prefix_full_fine_tuning(make_policy):
+    policy = make_policy(train_mode="full")
+    trajs = rollout(_env("plan", 18), policy, make_engine(policy), seeds=[3], group_size=3, sampling=SAMPLE,
+                    policy_version=0)
+    _assert_same(policy, _ragged(trajs))
+
+
+def test_prefix_stops_before_a_differing_image_and_singletons_run_in_full(make_policy):
+    policy = make_policy()
+    perturb_lora(policy.model, seed=2, scale=0.2)
+    env = _env("plan", 18)
+    trajs = rollout(env, policy, make_engine(policy), seeds=[7, 8], group_size=2, sampling=SAMPLE, policy_version=0)
+    # same token ids before the image, but a different maze: claim they are one group
+    a, b = trajs[0], dataclasses.replace(trajs[2], group=trajs[0].group)
+    lone = dataclasses.replace(trajs[3], group=99)
+    mixed = [a, trajs[1], b, lone]
+    image_id = policy.hf_model.config.image_token_id
+    (c,) = shared_prefix_clusters(mixed, image_id)
+    assert c.rows == [0, 1, 2] and c.num_prefix_images == 0
+    assert c.prefix_len <= a.input_ids.index(image_id)  # cut before the first image (the differing one)
+    _assert_same(policy, mixed)
+
+
+def test_clusters_leave_every_row_a_suffix_and_never_split_an_image():
+    @dataclasses.dataclass
+    class Seq:
+        input_ids: list
+        group: int = 0
+
+    img = 9
+    # identical rows: the prefix leaves the last token to each row
+    (c,) = shared_prefix_clusters([Seq([1, 2, 3, 4]), Seq([1, 2, 3, 4])], img)
+    assert c.prefix_len == 3
+    # a text-only prefix that ends inside an image run is cut at the run's start
+    assert shared_prefix_clusters([Seq([1, 2, img, img, 5]), Seq([1, 2, img, img])], img)[0].prefix_len == 2
+    # nothing in common
+    assert shared_prefix_clusters([Seq([1, 2]), Seq([3, 4])], img) == []
+    with pytest.raises(ValueError, match="group_keys"):
+        shared_prefix_clusters([Seq([1, 2])], img, group_keys=[0, 1])
+
+
+def test_clusters_with_different_prefix_lengths_share_one_prefix_forward(make_policy):
+    policy = make_policy()
+    perturb_lora(policy.model, seed=3, scale=0.2)
+    plan = rollout(_env("plan", 18), policy, make_engine(policy), seeds=[4], group_size=3, sampling=SAMPLE,
+                   policy_version=0)
+    inter = rollout(_env("interactive", 2), policy, make_engine(policy), seeds=[5], group_size=2, sampling=SAMPLE,
+                    policy_version=0)
+    mixed = [plan[0], *[dataclasses.replace(t, group=1) for t in inter], plan[1], plan[2]]
+    clusters = shared_prefix_clusters(mixed, policy.hf_model.config.image_token_id)
+    assert [c.rows for c in clusters] == [[0, 3, 4], [1, 2]]
+    assert clusters[0].prefix_len != clusters[1].prefix_len
+    calls = []
+    hook = policy.hf_model.get_input_embeddings().register_forward_hook(lambda m, a, o: calls.append(tuple(a[0].shape)))
+    try:
+        _assert_same(policy, _ragged(mixed))
+    finally:
+        hook.remove()
+    # plain: 1 forward; shared: 1 prefix forward [2, P_max] + 1 suffix forward [5, S_max]
+    assert calls[0][0] == 5 and [c[0] for c in calls[1:]] == [2, 5]
