@@ -67,13 +67,14 @@ def test_sft_ranges_apply_only_when_sft_runs():
 def test_every_typed_field_has_a_rule():
     from dataclasses import fields
 
-    from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
+    from rlkit.config import AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig
 
     free = {"algorithm.name", "algorithm.norm_adv_by_std", "algorithm.filter_zero_variance_groups",
             "algorithm.adam_betas", "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
-            "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled"}
+            "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",
+            "grounding.enabled", "grounding.curriculum"}
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
-                        ("sft", SFTConfig), ("eval", EvalConfig)]:
+                        ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig)]:
         for f in fields(cls):
             key = f"{prefix}.{f.name}"
             assert key in RANGES or key in free, f"{key} has no valid-range rule in rlkit.config.RANGES"
