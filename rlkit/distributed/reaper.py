@@ -109,12 +109,41 @@ def start_reaper(session_name: str, driver_pid: int | None = None, grace_s: floa
     )
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (/proc/<pid>/stat field 22): tells a pid reused by
+    another process from the one remembered."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def main(argv: list[str]) -> int:
     driver, session = int(argv[0]), argv[1]
     grace = float(argv[2]) if len(argv) > 2 else 3.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the driver shut Ray down itself
-    wait_for_exit(driver)
-    stop_session(session, grace)
+    # Remember the session's processes while the driver lives: when it is killed, the raylet may
+    # exit first and its agents (ray::DashboardAgent, ray::RuntimeEnvAgent: renamed, so their
+    # command line no longer names the session) are re-parented out of the session's tree.
+    seen: dict[int, str | None] = {}
+    me = {os.getpid()}
+    while _alive(driver):
+        for pid in session_processes(session, me):
+            seen.setdefault(pid, _start_time(pid))
+        time.sleep(0.5)
+    for pid in session_processes(session, me):
+        seen.setdefault(pid, _start_time(pid))
+    remembered = [p for p, t in seen.items() if _alive(p) and _start_time(p) == t]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in remembered:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in remembered):
+            time.sleep(0.1)
     return 0
 
 

@@ -100,21 +100,24 @@ class OneCellMaze(VisGymMaze):
 
 def test_short_grounding_run_reads_the_image(tmp_path):
     """Trained on real images, the policy answers held-out mazes; its blind control (same model,
-    steps and questions, one fixed image) can only learn the majority answer (about 50%)."""
+    steps and questions, one fixed image) can only learn the majority answer (about 50%).
+
+    Measured: the image arm is at the majority answer until step 80, then 99.2% at step 90 and
+    100% from 110 (held-out, 128 questions); about 3 minutes for both arms on one core."""
     from rlkit.policy import load_policy
 
-    cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=40, batch_size=32, lr=1e-3, eval_every=40,
-                          val_questions=128, target_accuracy=2.0)
-    results = {}
-    for arm in ("image", "blind"):
-        policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
-        results[arm] = train_grounding(OneCellMaze(), policy, cfg, out_dir=tmp_path / arm if arm == "image" else None,
-                                       blind=(arm == "blind"))
-    image, blind = results["image"]["final"]["cell43"], results["blind"]["final"]["cell43"]
-    assert blind <= 0.7, results["blind"]  # the majority answer, not the maze
-    assert image >= 0.9 and image >= blind + 0.25, (image, blind)
+    cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=160, batch_size=32, lr=1e-3, warmup_steps=0,
+                          eval_every=20, val_questions=128, target_accuracy=0.95)
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    image = train_grounding(OneCellMaze(), policy, cfg, out_dir=tmp_path / "image")
+    assert image["final"]["cell43"] >= 0.95, image["history"]
+    steps = image["steps"]  # the blind control gets exactly as many steps
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    blind = train_grounding(OneCellMaze(), policy, GroundingConfig(**{**cfg.__dict__, "max_steps": steps,
+                                                                      "eval_every": steps}), blind=True)
+    assert blind["steps"] == steps and blind["final"]["cell43"] <= 0.7, blind["history"]
     saved = json.loads((tmp_path / "image" / "grounding_summary.json").read_text())
-    assert saved["final"]["cell43"] == image and (tmp_path / "image" / "config.json").is_file()
+    assert saved["final"] == image["final"] and (tmp_path / "image" / "config.json").is_file()
 
 
 GROUNDING_SIZES = dict(text_hidden=192, text_layers=4, text_heads=6, text_kv_heads=2, head_dim=32,
