@@ -18,9 +18,6 @@ given the correct prefix.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -197,13 +194,9 @@ def train_grounding(
                "phase_starts": phase_starts,
                "stop_metric": key, "final": table, "history": history}
     if out_dir is not None:
-        tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.save_pretrained(tmp)
-        (tmp / "grounding_summary.json").write_text(json.dumps(summary, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
+        from rlkit.sft import save_stage
+
+        save_stage(policy, out_dir, "grounding_summary.json", summary)
     return summary
 
 

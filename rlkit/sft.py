@@ -242,11 +242,18 @@ def train_sft(
     summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,
                "num_tasks_drawn": num_drawn,
                "wall_time_s": time.time() - t0, "history": history}
+    save_stage(policy, out_dir, "sft_summary.json", summary)
+    return summary
+
+
+def save_stage(policy: Any, out_dir: Path, summary_name: str, summary: dict[str, Any]) -> None:
+    """Save a one-time stage's full checkpoint and its summary JSON to ``out_dir`` atomically: written
+    to a sibling temp folder, then renamed, so ``out_dir`` is never half-written (the caches test
+    for the summary file)."""
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(tmp)
-    (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    (tmp / summary_name).write_text(json.dumps(summary, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)
-    return summary

@@ -50,9 +50,8 @@ def session_processes(session_name: str, exclude: set[int] = frozenset()) -> lis
     return sorted(found - set(exclude) - {os.getpid()})
 
 
-def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = frozenset()) -> list[int]:
-    """SIGTERM every process of the session, SIGKILL what is left after ``grace_s``; returns the pids."""
-    pids = session_processes(session_name, exclude)
+def terminate(pids: list[int], grace_s: float = 3.0) -> None:
+    """SIGTERM ``pids``, then SIGKILL those still alive after ``grace_s`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -62,6 +61,12 @@ def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = fr
         deadline = time.monotonic() + grace_s
         while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.1)
+
+
+def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = frozenset()) -> list[int]:
+    """SIGTERM every process of the session, SIGKILL what is left after ``grace_s``; returns the pids."""
+    pids = session_processes(session_name, exclude)
+    terminate(pids, grace_s)
     return pids
 
 
@@ -134,16 +139,7 @@ def main(argv: list[str]) -> int:
         time.sleep(0.5)
     for pid in session_processes(session, me):
         seen.setdefault(pid, _start_time(pid))
-    remembered = [p for p, t in seen.items() if _alive(p) and _start_time(p) == t]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in remembered:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in remembered):
-            time.sleep(0.1)
+    terminate([p for p, t in seen.items() if _alive(p) and _start_time(p) == t], grace)
     return 0
 
 
