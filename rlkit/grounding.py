@@ -65,8 +65,9 @@ def encode_example(policy: Any, example: Any, image: Any = None) -> GroundingIte
 def exact_match(policy: Any, items: Sequence[GroundingItem], batch_size: int = 64) -> list[bool]:
     """For each item, whether greedy decoding would write exactly its answer (teacher-forced check).
 
-    Returns one bool per item. The banned ids are the sampler's (Policy.banned_token_ids), so the
-    argmax is over the tokens the sampler could emit.
+    Returns one bool per item. One forward per ``batch_size`` items (right-padded); the banned ids
+    are the sampler's (Policy.banned_token_ids), so the argmax is over the tokens the sampler could
+    emit. The model is put in eval mode for the check and restored after.
     """
     model = policy.model
     hits: list[bool] = []

@@ -79,6 +79,9 @@ def grounding_example(
         rng: draws the agent/goal cells and the asked cell (so one maze gives many questions).
         variant: "easy" (9x9) or "hard" (11x11). cell_size: pixels per cell of the image.
 
+    Returns:
+        GroundingExample with a PIL RGB image of (size * cell_size)^2 pixels.
+
     Raises:
         ValueError: unknown task or variant.
     """

@@ -115,7 +115,7 @@ class NativeRun:
         except ValueError as e:
             raise ConfigError(f"rollout.{e}") from None
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
-                     else self._grounded_base(load_policy))
+                     else self._grounded_base())
         self._build_policy(base_path)
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
@@ -158,7 +158,7 @@ class NativeRun:
         if cfg.group_size == 1:
             log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
 
-    def _grounded_base(self, load_policy: Any) -> str | None:
+    def _grounded_base(self) -> str | None:
         """Path of the visually grounded base checkpoint (rlkit.grounding), built when missing.
 
         None when grounding is off or the policy is not a tiny build (a pretrained checkpoint
@@ -192,12 +192,13 @@ class NativeRun:
     def _warm_start(self, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
 
-        A tiny policy is first visually grounded (``_grounded_base``) and SFT starts from that.
+        With grounding.enabled, a tiny policy is first visually grounded (``_grounded_base``) and SFT
+        starts from that.
         """
         from rlkit.sft import sft_cache_key, train_sft
 
         cfg = self.cfg
-        grounded = self._grounded_base(load_policy)
+        grounded = self._grounded_base()
         # A warm start from a grounded base also depends on how that base was grounded.
         stage_key = cfg.sft if grounded is None else {"sft": OmegaConf.to_container(cfg.sft, resolve=True),
                                                       "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}

@@ -55,11 +55,10 @@ def test_exact_match_is_greedy_decoding(full_policy):
 
     sampled = [out[0].token_ids for out in outs]
     assert all(exact_match(full_policy, [item(t, a) for t, a in zip(turns, sampled)]))
-    vocab = full_policy.tokenizer
-    other = vocab.convert_tokens_to_ids("a")
-    changed = [[a[0] + 1 if a[0] + 1 != other else a[0] + 2] + a[1:] for a in sampled]  # first token not the argmax
+    vocab_size = len(full_policy.tokenizer)
+    changed = [[(a[0] + 1) % vocab_size] + a[1:] for a in sampled]  # first token not the argmax
     assert not any(exact_match(full_policy, [item(t, a) for t, a in zip(turns, changed)]))
-    last_changed = [a[:-1] + [a[-1] + 1] for a in sampled]  # only the last token wrong
+    last_changed = [a[:-1] + [(a[-1] + 1) % vocab_size] for a in sampled]  # only the last token wrong
     assert not any(exact_match(full_policy, [item(t, a) for t, a in zip(turns, last_changed)]))
 
 
