@@ -20,6 +20,10 @@ otherwise online when ``WANDB_API_KEY`` is set, otherwise offline (files under
 run passes the stored run id with ``resume="allow"`` (wandb's resume docs: continue the run with
 that id if it exists, create it otherwise), so W&B continues the same run; offline, each segment is
 its own ``offline-run-*`` folder with the same run id and ``wandb sync`` appends them to one run.
+
+A logger may also have ``resume_history(lines, resume_step)``: called once after ``start`` when a
+run resumes from a checkpoint, with the metrics.jsonl lines up to that checkpoint, so the sink can
+add what it lost in the crash (``WandbLogger.resume_history``). Loggers without it are left alone.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ class MetricsFile:
     def write(self, metrics: dict[str, Any], step: int) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        """The complete lines as dicts, in order (a line torn by a crash mid-write is left out)."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            return [json.loads(ln) for ln in f if ln.endswith(b"\n")]
 
     def num_lines(self) -> int:
         """Complete lines written so far (a checkpoint records it)."""
@@ -198,6 +209,121 @@ class WandbLogger:
         if self._run is not None:
             self._run.log(_plain(metrics), step=step)
 
+    def resume_history(self, lines: list[dict[str, Any]], resume_step: int) -> dict[str, Any]:
+        """Make this W&B run's history hold every step of ``lines`` exactly once, before training
+        goes on from ``resume_step``.
+
+        Why: wandb-core buffers what it writes, so a SIGKILL loses the rows of the last seconds (a
+        short run's segment can be the 7-byte header alone), while rows logged after the checkpoint
+        may have reached the file and are about to be logged again by the resumed run.
+
+        Args:
+            lines: metrics.jsonl's lines up to the checkpoint (``{"step": s, **metrics}``, in order;
+                several lines of one step make one W&B row, as in the run that logged them).
+            resume_step: the checkpoint's step; the resumed run logs from it on (the final
+                evaluation of a run killed after its last checkpoint logs at that step again).
+
+        Offline (this run's earlier ``*run-*-<id>`` folders under ``<output_dir>/wandb``, in time
+        order, are what ``wandb sync`` uploads): the rows they hold are kept while they follow
+        metrics.jsonl step by step with equal values and stay below ``resume_step``; each segment
+        file is cut (``rlkit.wandb_file.cut``, at a record boundary) at the first row that does not,
+        and the later segments at their first row. A torn tail is cut off; a file that is not a W&B
+        run file is renamed to ``*.wandb.unreadable`` (each with a log line). Then the steps of
+        ``lines`` not kept are logged again, in order, into the new segment. Tables and images of
+        the re-logged steps are not restored (metrics.jsonl holds the scalars).
+
+        Online: W&B's server holds the rows up to ``run.starting_step - 1`` and refuses lower steps
+        (rewinding a run is a W&B private preview), so the steps of ``lines`` from ``starting_step``
+        to ``resume_step`` are logged again, and a warning names the rows after ``resume_step`` the
+        server keeps from the killed attempt.
+
+        Returns: {"kept": steps kept in earlier segments, "relogged": steps logged again,
+        "cut": [(segment file, byte offset, why)]} ({} when the run is disabled or not started).
+        """
+        if self._run is None or self.run_dir is None:
+            return {}
+        resume_step = int(resume_step)
+        rows: dict[int, dict[str, Any]] = {}
+        for ln in lines:
+            s = int(ln["step"])
+            if s <= resume_step:
+                rows.setdefault(s, {}).update({k: v for k, v in ln.items() if k != "step"})
+        order = list(rows)  # metrics.jsonl's steps, in the order they were logged
+        report: dict[str, Any] = {"kept": [], "relogged": [], "cut": []}
+        if resolve_wandb_mode(self.mode) == "online":
+            start = int(self._run.starting_step)
+            relog = [s for s in order if s >= start]
+            if start > resume_step + 1:
+                log.warning("W&B run %s already holds steps %d..%d from before the crash; W&B refuses to log a "
+                            "step twice, so those rows keep the killed attempt's values (metrics.jsonl holds the "
+                            "resumed run's)", self.run_id, resume_step + 1, start - 1)
+        else:
+            kept = self._reconcile_segments(order, rows, resume_step, report)
+            relog = order[len(kept):]
+            report["kept"] = kept
+        for s in relog:
+            self._run.log(_plain(rows[s]), step=s)
+        report["relogged"] = relog
+        if relog:
+            log.info("W&B run %s: logged steps %s again from metrics.jsonl (lost in the crash or re-done after "
+                     "the checkpoint of step %d)", self.run_id, _ranges(relog), resume_step)
+        return report
+
+    def _segments(self) -> list[Path]:
+        """This run id's earlier run files under the output folder's wandb/, oldest first (the folder
+        name carries the start time, ``[offline-]run-<YYYYmmdd_HHMMSS>-<id>``)."""
+        assert self.run_dir is not None
+        own = self.run_dir.resolve()
+        found = [d for d in self.run_dir.parent.glob(f"*run-*-{self.run_id}") if d.is_dir() and d.resolve() != own]
+        return [d / f"run-{self.run_id}.wandb" for d in sorted(found, key=lambda d: d.name.rsplit("-", 2)[-2])
+                if (d / f"run-{self.run_id}.wandb").exists()]
+
+    def _reconcile_segments(self, order: list[int], rows: dict[int, dict[str, Any]], resume_step: int,
+                            report: dict[str, Any]) -> list[int]:
+        """Cut the earlier segments so that together they hold a prefix of ``order`` (below
+        ``resume_step``, values equal to ``rows``); returns that prefix. See ``resume_history``."""
+        from rlkit.wandb_file import WandbFileError, cut, history_row, history_step, scan
+
+        kept: list[int] = []
+        diverged = False  # once a row is cut, every later row is too: the kept rows stay a prefix
+        for path in self._segments():
+            try:
+                found = scan(path)
+            except WandbFileError as e:
+                aside = path.with_name(path.name + ".unreadable")
+                os.replace(path, aside)
+                log.warning("W&B: %s; renamed to %s so wandb sync skips it, and its steps are logged again from "
+                            "metrics.jsonl", e, aside.name)
+                report["cut"].append((str(path), 0, str(e)))
+                diverged = True
+                continue
+            at, why = None, None
+            for offset, rec in found.records:
+                s = history_step(rec)
+                if s is None:
+                    continue
+                n = len(kept)
+                if diverged:
+                    why = "an earlier segment was cut"
+                elif s >= resume_step:
+                    why = f"step {s} is at or after the checkpoint's step {resume_step}"
+                elif n >= len(order) or s != order[n]:
+                    why = f"step {s} where metrics.jsonl has {order[n] if n < len(order) else 'no more steps'}"
+                elif not _same_values(history_row(rec), rows[s]):
+                    why = f"step {s} differs from metrics.jsonl"
+                if why is not None:
+                    at = offset
+                    break
+                kept.append(s)
+            if at is None and found.problem is not None:
+                at, why = found.end, found.problem
+            if at is not None:
+                cut(path, at)
+                report["cut"].append((str(path), at, why))
+                log.info("W&B: cut %s at byte %d (%s)", path, at, why)
+                diverged = True
+        return kept
+
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         """Log ``rows`` as a ``wandb.Table`` under ``key``; PIL images in cells become ``wandb.Image``.
 
@@ -238,6 +364,30 @@ class WandbLogger:
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def _same_values(row: dict[str, Any], metrics: dict[str, Any]) -> bool:
+    """Whether a W&B history row holds ``metrics`` (NaN equals NaN; a None metric may be absent)."""
+    for k, v in _plain(metrics).items():
+        w = row.get(k)
+        if v is None and w is None:
+            continue
+        if isinstance(v, float) and isinstance(w, (int, float)) and math.isnan(v) and math.isnan(w):
+            continue
+        if w != v:
+            return False
+    return True
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    for s in steps:
+        if out and s == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
 
 
 def _artifact_name(name: str) -> str:
@@ -352,6 +502,12 @@ class MultiLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for lg in self.loggers.values():
             lg.log(metrics, step)
+
+    def resume_history(self, lines: list[dict[str, Any]], resume_step: int) -> None:
+        """``resume_history`` of each logger that has one (see the module docstring)."""
+        for lg in self.loggers.values():
+            if hasattr(lg, "resume_history"):
+                lg.resume_history(lines, resume_step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         for lg in self.loggers.values():

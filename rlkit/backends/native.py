@@ -131,6 +131,10 @@ class NativeRun:
             self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
             resume_id=self.state.run_id, resume_step=self.state.step,
         )
+        if self.state.step > 0 and hasattr(self.logger, "resume_history"):
+            # a crash loses the sink's last rows and the resumed run re-does the steps after the
+            # checkpoint: let it match metrics.jsonl (already cut back to the checkpoint) first
+            self.logger.resume_history(self.metrics_file.read(), self.state.step)
 
     def _build_policy(self, base_path: str | None) -> None:
         """Hook: ``self.policy``, ``self.engine``, ``self.optimizer`` and ``self.scheduler`` (in this
