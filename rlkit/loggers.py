@@ -175,6 +175,7 @@ class WandbLogger:
         self.project, self.entity, self.group = project, entity, group
         self.tags, self.name, self.mode, self.job_type = list(tags or []), name, mode, job_type
         self._run = None
+        self._mode = "disabled"  # resolved at start
         self.run_id: str | None = None
         self.run_dir: Path | None = None  # the run's folder (offline-run-* / run-* under <output_dir>/wandb)
 
@@ -182,7 +183,7 @@ class WandbLogger:
               resume_id: str | None, resume_step: int = 0) -> str | None:
         import wandb
 
-        mode = resolve_wandb_mode(self.mode)
+        mode = self._mode = resolve_wandb_mode(self.mode)
         self._run = wandb.init(
             project=self.project,
             entity=self.entity,
@@ -250,7 +251,7 @@ class WandbLogger:
                 rows.setdefault(s, {}).update({k: v for k, v in ln.items() if k != "step"})
         order = list(rows)  # metrics.jsonl's steps, in the order they were logged
         report: dict[str, Any] = {"kept": [], "relogged": [], "cut": []}
-        if resolve_wandb_mode(self.mode) == "online":
+        if self._mode == "online":
             start = int(self._run.starting_step)
             relog = [s for s in order if s >= start]
             if start > resume_step + 1:
@@ -265,7 +266,7 @@ class WandbLogger:
             self._run.log(_plain(rows[s]), step=s)
         report["relogged"] = relog
         if relog:
-            log.info("W&B run %s: logged steps %s again from metrics.jsonl (lost in the crash or re-done after "
+            log.info("W&B run %s: logged step(s) %s again from metrics.jsonl (lost in the crash or re-done after "
                      "the checkpoint of step %d)", self.run_id, _ranges(relog), resume_step)
         return report
 
@@ -284,9 +285,8 @@ class WandbLogger:
         ``resume_step``, values equal to ``rows``); returns that prefix. See ``resume_history``."""
         from rlkit.wandb_file import WandbFileError, cut, history_row, history_step, scan
 
-        kept: list[int] = []
-        diverged = False  # once a row is cut, every later row is too: the kept rows stay a prefix
-        for path in self._segments():
+        kept: list[int] = []  # a prefix of order: a row that is not the next step of order is cut, and so
+        for path in self._segments():  # is every row after it (a later segment's first row is then "not next")
             try:
                 found = scan(path)
             except WandbFileError as e:
@@ -295,7 +295,6 @@ class WandbLogger:
                 log.warning("W&B: %s; renamed to %s so wandb sync skips it, and its steps are logged again from "
                             "metrics.jsonl", e, aside.name)
                 report["cut"].append((str(path), 0, str(e)))
-                diverged = True
                 continue
             at, why = None, None
             for offset, rec in found.records:
@@ -303,9 +302,7 @@ class WandbLogger:
                 if s is None:
                     continue
                 n = len(kept)
-                if diverged:
-                    why = "an earlier segment was cut"
-                elif s >= resume_step:
+                if s >= resume_step:
                     why = f"step {s} is at or after the checkpoint's step {resume_step}"
                 elif n >= len(order) or s != order[n]:
                     why = f"step {s} where metrics.jsonl has {order[n] if n < len(order) else 'no more steps'}"
@@ -321,7 +318,6 @@ class WandbLogger:
                 cut(path, at)
                 report["cut"].append((str(path), at, why))
                 log.info("W&B: cut %s at byte %d (%s)", path, at, why)
-                diverged = True
         return kept
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:

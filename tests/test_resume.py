@@ -1,5 +1,6 @@
 """Crash and resume: SIGKILL at named points of the loop, resume with resume_mode=latest, and get the
-same adapter (bitwise) and the same per-step metrics as an uninterrupted run."""
+same adapter (bitwise) and the same per-step metrics as an uninterrupted run, and a W&B run (offline)
+whose history holds every step of metrics.jsonl exactly once, with its values."""
 
 import json
 import os
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.observability.wandb_reader import assert_wandb_matches_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ["experiment=smoke", "logger=console", "steps=4", "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=2",
+BASE = ["experiment=smoke", "steps=4", "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=2",
         "eval.num_tasks=2", "trainer.deterministic=true"]
 
 
@@ -24,15 +27,20 @@ def cache(tmp_path_factory):
 
 
 def _env(cache, crash=None):
-    env = dict(os.environ, RLKIT_CACHE_DIR=str(cache), WANDB_MODE="offline", PYTHONPATH=str(ROOT))
-    env.pop("RLKIT_CRASH_AT", None)
+    env = dict(os.environ, RLKIT_CACHE_DIR=str(cache), WANDB_MODE="offline", WANDB_SILENT="true",
+               WANDB_DATA_DIR=str(cache / "wandb-data"), WANDB_CACHE_DIR=str(cache / "wandb-cache"),
+               WANDB_CONFIG_DIR=str(cache / "wandb-config"), PYTHONPATH=str(ROOT))
+    for k in ("RLKIT_CRASH_AT", "WANDB_API_KEY"):
+        env.pop(k, None)
     if crash:
         env["RLKIT_CRASH_AT"] = crash
     return env
 
 
-def _train(run_dir, cache, extra=(), crash=None, check=True):
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, *extra, f"hydra.run.dir={run_dir}"],
+def _train(run_dir, cache, extra=(), crash=None, check=True, logger="console"):
+    """train.py on BASE; the SIGKILL tests log to W&B (offline), the others to the console only."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, f"logger={logger}", *extra,
+                           f"hydra.run.dir={run_dir}"],
                           cwd=ROOT, env=_env(cache, crash), capture_output=True, text=True, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -55,21 +63,23 @@ def reference(cache, tmp_path_factory):
     return run
 
 
-def _assert_same_as_reference(run, reference):
+def _assert_same_as_reference(run, reference, wandb=True):
     a, b = _adapter(run), _adapter(reference)
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].equal(b[k]), f"adapter tensor {k} differs after resume"
     assert _steps(run) == _steps(reference)
     assert json.loads((run / "result.json").read_text())["steps_completed"] == 4
+    if wandb:
+        assert assert_wandb_matches_metrics(run) == [0, 1, 2, 3, 4]
 
 
 def _crash_then_resume(point, tmp_path, cache, reference):
     run = tmp_path / "run"
-    proc = _train(run, cache, crash=point, check=False)
+    proc = _train(run, cache, crash=point, check=False, logger="wandb")
     assert proc.returncode == -signal.SIGKILL, f"expected the injected SIGKILL at {point}: {proc.stderr[-3000:]}"
     assert not (run / "result.json").exists()
-    resumed = _train(run, cache)
+    resumed = _train(run, cache, logger="wandb")
     assert "resuming from" in resumed.stdout or "starting fresh" in resumed.stdout
     _assert_same_as_reference(run, reference)
     return resumed
@@ -81,6 +91,39 @@ def test_sigkill_and_resume_is_bitwise_identical(point, tmp_path, cache, referen
     # update@3: the checkpoint of step 2 is the newest; checkpoint@2: the torn step-2 write is skipped -> step 1
     expected = {"update@3": "step 2", "checkpoint@2": "step 1"}[point]
     assert f"at {expected}" in resumed.stdout
+
+
+def _random_kills(seed, n):
+    """``n`` injected SIGKILL points (``<point>@<step>``) from a seeded RNG, each at or after the
+    step of the one before, so each is reached by the resumed run (which restarts at or before it)."""
+    rng = random.Random(seed)
+    kills, step = [], 1
+    for _ in range(n):
+        step = rng.randint(step, 4)
+        kills.append(f"{rng.choice(['rollout', 'update', 'logged', 'checkpoint'])}@{step}")
+    return kills
+
+
+def _killed_and_resumed(kills, tmp_path, cache, reference):
+    run = tmp_path / "run"
+    for crash in kills:
+        proc = _train(run, cache, crash=crash, check=False, logger="wandb")
+        assert proc.returncode == -signal.SIGKILL, f"expected the injected SIGKILL at {crash}: {proc.stderr[-3000:]}"
+    _train(run, cache, logger="wandb")
+    _assert_same_as_reference(run, reference)
+    run_id = json.loads((run / "result.json").read_text())["wandb_run_id"]
+    # an attempt killed before the first checkpoint is started over (a new W&B run); every later
+    # attempt continues the same W&B run, one offline segment each
+    return len(list((run / "wandb").glob(f"offline-run-*-{run_id}")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed,n", [(16, 1), (17, 1), (1, 2), (3, 2)])
+def test_sigkill_at_random_points(seed, n, tmp_path, cache, reference):
+    """Killed ``n`` times at seeded random points of the loop, resumed each time: the same run as the
+    reference, and W&B's history (one segment per attempt) holds each step of metrics.jsonl once."""
+    kills = _random_kills(seed, n)
+    assert _killed_and_resumed(kills, tmp_path, cache, reference) >= 1, kills
 
 
 @pytest.mark.slow
@@ -95,16 +138,29 @@ def test_sigkill_at_random_times(tmp_path, cache, reference):
     run = tmp_path / "run"
     kills = 0
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, f"hydra.run.dir={run}"], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "logger=wandb", f"hydra.run.dir={run}"], cwd=ROOT,
                                 env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(4.0, 14.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.wait()
-    _train(run, cache)
+    _train(run, cache, logger="wandb")
     assert kills >= 1
     _assert_same_as_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_segment_of_a_longer_run_keeps_wandb_history(tmp_path, cache):
+    """Issue 16's case: killed at step 25 of 40 with a checkpoint every 10 (W&B had kept steps 0-16
+    and 21-40). Now every step 0..40 once, equal to metrics.jsonl."""
+    run = tmp_path / "run"
+    extra = ["steps=40", "trainer.ckpt_interval=10", "trainer.deterministic=false"]
+    proc = _train(run, cache, extra, crash="update@25", check=False, logger="wandb")
+    assert proc.returncode == -signal.SIGKILL
+    resumed = _train(run, cache, extra, logger="wandb")
+    assert "at step 20" in resumed.stdout
+    assert assert_wandb_matches_metrics(run) == list(range(41))
 
 
 def test_resume_boundaries_train_exactly_the_remaining_steps(tmp_path, cache):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from rlkit.loggers import resolve_wandb_mode
 from tests.observability.conftest import run_train
-from tests.observability.wandb_reader import read_run, records
+from tests.observability.wandb_reader import assert_wandb_matches_metrics, read_run, records
 
 STEP_KEYS = ("reward/mean", "reward/success_rate", "policy/loss", "policy/approx_kl", "policy/clip_ratio",
              "policy/grad_norm", "timing/rollout", "timing/train", "timing/step", "trainer/step",
@@ -101,7 +101,8 @@ def test_wandb_sync_available_for_offline_run(smoke_run):
 
 def test_resume_continues_the_same_wandb_run(smoke_run, tmp_path):
     """A rerun in the same folder resumes from the checkpoint and logs into the same W&B run id
-    (a second offline-run-* folder with that id; wandb sync appends it to the run)."""
+    (a second offline-run-* folder with that id; wandb sync appends it to the run), and the two
+    segments hold each step of metrics.jsonl once."""
     out = tmp_path / "run"
     shutil.copytree(smoke_run.out, out, symlinks=True)
     first = json.loads((out / "result.json").read_text())["wandb_run_id"]
@@ -110,6 +111,9 @@ def test_resume_continues_the_same_wandb_run(smoke_run, tmp_path):
     ids = {p.name.rsplit("-", 1)[-1] for p in _offline_runs(out)}
     assert ids == {first}, ids
     assert len(_offline_runs(out)) == 2
+    # the rerun evaluates the last step again: its row was cut from the first segment and logged
+    # anew, so the two segments hold each step once (issue 16)
+    assert assert_wandb_matches_metrics(out, first) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("mode,env,expected", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,10 @@ def _copy(finished, tmp_path) -> tuple[Path, str, Path]:
     src, run_id = finished
     run = tmp_path / "run"
     shutil.copytree(src, run, symlinks=True)
+    # an older start time in the folder name: a resume in the same second as the fixture's run would
+    # get the same folder name (wandb names it by the second), which a real resume never does
+    (old,) = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    old.rename(old.with_name(f"offline-run-20000101_000000-{run_id}"))
     (seg,) = segments(run, run_id)
     return run, run_id, seg
 
@@ -180,9 +185,20 @@ def test_two_resumes_chain_their_segments(finished, tmp_path):
     seg.write_bytes(seg.read_bytes()[:_row_offsets(seg)[2] + 9])  # killed with rows 0, 1 on disk
     first = _resume(run, run_id, resume_step=3)
     assert first["kept"] == [0, 1] and first["relogged"] == [2, 3]
+    time.sleep(1.1)  # wandb names a segment's folder by the second it starts; a real resume is seconds later
     second = _resume(run, run_id, resume_step=5)  # the second segment finished with 2..6; now redo 5, 6
     assert second["kept"] == [0, 1, 2, 3, 4] and second["relogged"] == [5]
     assert len(segments(run, run_id)) == 3
+    assert assert_wandb_matches_metrics(run, run_id) == list(range(STEPS + 1))
+    # a row of the first segment that differs: it is cut there, and the later segments from their first row
+    lines = _lines(4)
+    lines[1]["reward/mean"] = 0.75
+    time.sleep(1.1)
+    third = _resume(run, run_id, resume_step=4, lines=lines)
+    assert third["kept"] == [0] and third["relogged"] == [1, 2, 3, 4]
+    assert [why for _, _, why in third["cut"]] == ["step 1 differs from metrics.jsonl",
+                                                   "step 2 where metrics.jsonl has 1",
+                                                   "step 5 is at or after the checkpoint's step 4"]
     assert assert_wandb_matches_metrics(run, run_id) == list(range(STEPS + 1))
 
 
@@ -198,7 +214,7 @@ class _OnlineRun:
 def test_online_relogs_from_the_servers_next_step(tmp_path, starting, relogged, warns, caplog):
     """Online, W&B's server says where the run stands (``run.starting_step``); lower steps are refused."""
     lg = WandbLogger(mode="online")
-    lg._run, lg.run_dir, lg.run_id = _OnlineRun(starting), tmp_path / "run-x", "x"
+    lg._run, lg._mode, lg.run_dir, lg.run_id = _OnlineRun(starting), "online", tmp_path / "run-x", "x"
     with caplog.at_level("WARNING", logger="rlkit.loggers"):
         report = lg.resume_history(_lines(3), 3)
     assert report["relogged"] == relogged and lg._run.logged == relogged
