@@ -63,15 +63,14 @@ def reference(cache, tmp_path_factory):
     return run
 
 
-def _assert_same_as_reference(run, reference, wandb=True):
+def _assert_same_as_reference(run, reference):
     a, b = _adapter(run), _adapter(reference)
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].equal(b[k]), f"adapter tensor {k} differs after resume"
     assert _steps(run) == _steps(reference)
     assert json.loads((run / "result.json").read_text())["steps_completed"] == 4
-    if wandb:
-        assert assert_wandb_matches_metrics(run) == [0, 1, 2, 3, 4]
+    assert assert_wandb_matches_metrics(run) == [0, 1, 2, 3, 4]
 
 
 def _crash_then_resume(point, tmp_path, cache, reference):
@@ -122,8 +121,8 @@ def _killed_and_resumed(kills, tmp_path, cache, reference):
 def test_sigkill_at_random_points(seed, n, tmp_path, cache, reference):
     """Killed ``n`` times at seeded random points of the loop, resumed each time: the same run as the
     reference, and W&B's history (one segment per attempt) holds each step of metrics.jsonl once."""
-    kills = _random_kills(seed, n)
-    assert _killed_and_resumed(kills, tmp_path, cache, reference) >= 1, kills
+    kills = _random_kills(seed, n)  # these seeds kill after the first checkpoint: one W&B run throughout
+    assert _killed_and_resumed(kills, tmp_path, cache, reference) == n + 1, kills
 
 
 @pytest.mark.slow
@@ -138,8 +137,8 @@ def test_sigkill_at_random_times(tmp_path, cache, reference):
     run = tmp_path / "run"
     kills = 0
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "logger=wandb", f"hydra.run.dir={run}"], cwd=ROOT,
-                                env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *BASE, "logger=wandb", f"hydra.run.dir={run}"],
+                                cwd=ROOT, env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(4.0, 14.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
