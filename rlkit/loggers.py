@@ -225,11 +225,11 @@ class WandbLogger:
                 evaluation of a run killed after its last checkpoint logs at that step again).
 
         Offline (this run's earlier ``*run-*-<id>`` folders under ``<output_dir>/wandb``, in time
-        order, are what ``wandb sync`` uploads): the rows they hold are kept while they follow
-        metrics.jsonl step by step with equal values and stay below ``resume_step``; each segment
-        file is cut (``rlkit.wandb_file.cut``, at a record boundary) at the first row that does not,
-        and the later segments at their first row. A torn tail is cut off; a file that is not a W&B
-        run file is renamed to ``*.wandb.unreadable`` (each with a log line). Then the steps of
+        order, are what ``wandb sync`` uploads): read in that order, a row is kept while it is the
+        next step of metrics.jsonl, with equal values, below ``resume_step``; each segment file is
+        cut (``rlkit.wandb_file.cut``, at a record boundary) at its first row that is not, so the
+        kept rows are a prefix of metrics.jsonl's steps. A torn tail is cut off; a file that is not
+        a W&B run file is renamed to ``*.wandb.unreadable`` (each with a log line). Then the steps of
         ``lines`` not kept are logged again, in order, into the new segment. Tables and images of
         the re-logged steps are not restored (metrics.jsonl holds the scalars).
 
