@@ -87,13 +87,15 @@ def peak_for(device_name: str) -> tuple[float | None, str]:
     return None, "unknown device: set RLKIT_PEAK_TFLOPS=<bf16 dense TFLOP/s> for an MFU"
 
 
-def plan(dry_run: bool) -> dict:
+def plan(dry_run: bool, dtype: str | None = None) -> dict:
     """The workload: train.py overrides and the policy kwargs the measure phase rebuilds the same model from."""
     if dry_run:
         p = dict(device="cpu", dtype="float32", tiny={}, steps=3, B=2, G=4, new_tokens=16, micro=8, eval_tasks=2)
     else:
         p = dict(device="cuda", dtype="bfloat16", tiny=GPU_SIZES, steps=6, B=8, G=8, new_tokens=64, micro=32,
                  eval_tasks=8)
+    if dtype:
+        p["dtype"] = dtype
     ov = ["backend=native", "logger=console", "env=visgym", "reward=maze_exit",
           f"policy.device={p['device']}", f"policy.dtype={p['dtype']}", "policy.attn_implementation=sdpa",
           "algorithm.shared_prefix=true", "algorithm.entropy_coef=0.01", f"algorithm.micro_batch_size={p['micro']}",
@@ -232,6 +234,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny, on CPU (also: DEVICE=cpu)")
     ap.add_argument("--out", default=None, help="output folder (default: gpu_check_out/<UTC time>)")
+    ap.add_argument("--dtype", default=None, help="policy dtype (default: bfloat16 on the GPU, float32 in the dry run)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="deadline for all phases together (seconds)")
     ap.add_argument("--reps", type=int, default=5, help="adapter publish/load repetitions after a warm-up")
     ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
@@ -245,7 +248,7 @@ def main() -> int:
 
     deadline = Deadline(args.budget_s)
     dry = args.dry_run or os.environ.get("DEVICE", "").lower() == "cpu"
-    p = plan(dry)
+    p = plan(dry, args.dtype)
     out = Path(args.out or ROOT / "gpu_check_out" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())).resolve()
     out.mkdir(parents=True, exist_ok=True)
     run = out / "run"
