@@ -260,7 +260,10 @@ def main() -> int:
 
     import torch
 
-    summary["torch"] = torch.__version__
+    import peft
+    import transformers
+
+    summary.update(torch=torch.__version__, transformers=transformers.__version__, peft=peft.__version__)
     if not dry:
         if not torch.cuda.is_available():
             print(f"gpu_check: FAILED: torch {torch.__version__} sees no CUDA device (torch.version.cuda="
@@ -385,7 +388,7 @@ def _print_summary(s: dict) -> None:
             return f"{v:.4g}"
         return str(v)
 
-    keys = ["mode", "device_name", "torch", "cuda", "dtype", "params", "steps", "tasks_per_step", "group_size",
+    keys = ["mode", "device_name", "torch", "transformers", "peft", "cuda", "bf16_supported", "dtype", "params", "steps", "tasks_per_step", "group_size",
             "max_new_tokens", "train_phase_s", "resume_phase_s", "resumed_from_step", "steps_completed",
             "checkpoint_adapter_unchanged", "adapter_changed_after_resume", "metrics_kept_before_resume",
             "resume_setup_s", "steps_measured", "step_s", "rollout_s", "update_s", "mean_new_tokens", "mean_seq_len",

@@ -75,3 +75,16 @@ def test_dry_run_passes_and_reports_sane_numbers(tmp_path):
     assert s["wall_s"] < 480
     for phase in ("train", "resume", "measure"):
         assert (tmp_path / f"{phase}.log").is_file()
+
+
+def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--out", str(tmp_path)], cwd=ROOT,
+                          env=dict(os.environ, PYTHON=sys.executable, DEVICE=""), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "sees no CUDA device" in proc.stdout and "--dry-run" in proc.stdout
+    assert not (tmp_path / "run").exists()
