@@ -46,7 +46,10 @@ over the steps that are not the first of a process (the first one warms kernels 
   the resumed process: model load + checkpoint restore).
 
 Never run on a GPU so far: the CUDA path is written from the same code the CPU tests run, with the
-device and dtype switched by config. The first GPU run is its real test.
+device and dtype switched by config. On CPU, the dry run passes in float32 and in bfloat16
+(``--dry-run --dtype bfloat16``), and GPU_SIZES ran one bf16 GRPO step of train.py with these
+overrides (1 task x 2 samples, 8 tokens: rollout 1.1 s, update 1.8 s, grad norm 3e-3). The first GPU
+run is its real test.
 """
 
 from __future__ import annotations
