@@ -38,14 +38,17 @@ def main(path: str) -> None:
     report["reached"].append("validate_cfg")
     env_vars = prepare_runtime_environment(cfg)
     report["reached"].append("runtime_env")
+    report["t_config"] = round(time.time() - t0, 1)
     ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": env_vars})
     report["reached"].append("ray")
+    report["t_ray"] = round(time.time() - t0, 1)
     try:
         ray.get(ray.remote(num_cpus=1)(train_task).remote(cfg, {}))
         report["reached"].append("trained")
-    except Exception as e:  # SkyRL's error from inside the Ray task
-        report["error"] = f"{type(e).__name__}: {e}"[-1500:]
+    except Exception as e:  # SkyRL's error from inside the Ray task (a RayTaskError wrapping it)
+        cause = getattr(e, "cause", None) or e
+        report["error"] = f"{type(cause).__name__}: {cause}"
     finally:
         ray.shutdown()
     report["seconds"] = round(time.time() - t0, 1)
