@@ -3,7 +3,7 @@
 # against rlkit's env on CPU, in .venv-skyrl (Python 3.12; built by scripts/setup_skyrl.sh when missing).
 #
 #   bash scripts/test_skyrl.sh                 # what CI runs: -m "skyrl312 and not slow" (~1 minute)
-#   bash scripts/test_skyrl.sh -m skyrl312     # also the entry-point probe (a Ray cluster; ~6 minutes here)
+#   bash scripts/test_skyrl.sh -m skyrl312     # also the entry-point probe (a Ray cluster; 2.5-5.5 minutes here)
 #
 # Where no Python 3.12 can be found, it says so and exits 0 (the default suite does not need it).
 set -euo pipefail
