@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 # Paths never shipped with an uploaded working_dir (Ray's runtime_env "excludes" use .gitignore syntax).
 DEFAULT_EXCLUDES = [
-    ".venv/", ".git/", "outputs/", "multirun/", "wandb/", ".cache/", "__pycache__/", "*.pyc",
+    ".venv/", ".venv-skyrl/", ".git/", "outputs/", "multirun/", "wandb/", ".cache/", "__pycache__/", "*.pyc",
     ".pytest_cache/", "checkpoints/", "ckpts/", "*.safetensors",
 ]
 

@@ -1,15 +1,31 @@
-"""rlkit's env and reward through skyrl-gym, driven exactly as SkyRL 0.3.0's VLM generator drives an env.
+"""rlkit's env and reward through skyrl-gym, driven as SkyRL 0.3.0's VLM generator drives an env.
 
 ``SkyRLVLMGymGenerator.agent_loop`` (skyrl/train/generators/skyrl_vlm_generator.py), per trajectory:
 the dataset row minus ``prompt``/``env_class`` is ``env_extras`` (PromptDataset.__getitem__);
 ``env_extras["max_turns"] = generator.max_turns``; ``env_config = getattr(cfg.environment.skyrl_gym,
 env_class, {})``; ``env = skyrl_gym.make(env_class, env_config=env_config, extras=env_extras)``;
 ``conversation, _ = env.init(deepcopy(prompt))``; then until ``done``: generate text, ``env.step(text)``,
-append the assistant message, extend the conversation with the observations when not done, and put
-each step's reward on that turn's last token (GRPO sums them); finally ``env.get_metrics()`` and
-``env.close()``. Env metrics are averaged per env class with ``aggregate_for_environment`` into
-``environment/<key>`` (eval: ``eval/all/environment/success``). SkyRL's generator module itself
-imports only on Python 3.12 with its GPU stack, so the loop is restated here line by line.
+append the assistant message, extend the conversation with the observations when not done; finally
+``env.get_metrics()`` and ``env.close()``. Env metrics are averaged per env class with
+``aggregate_for_environment`` into ``environment/<key>`` (eval: ``eval/all/environment/success``).
+
+This restatement is the default suite's fast check (Python 3.11, where SkyRL's generator does not import).
+SkyRL's real generator runs the same rows in tests/skyrl312 (Python 3.12, ``bash scripts/test_skyrl.sh``),
+and ``test_restated_loop_agrees_with_skyrl`` there checks that both give the same return, the same env
+metrics and the same conversations in front of the model. What the restatement leaves out, on purpose
+(each is tested against SkyRL's code in tests/skyrl312):
+
+- tokens: SkyRL re-renders the whole conversation every turn (chat template + images, through the
+  inference client), generates from token ids and appends the observation tokens with loss mask 0;
+- rewards: SkyRL puts each step's reward on the last generated token of that turn (a turn that generated
+  no token drops its reward; vLLM's ``min_tokens=1`` makes that impossible) and its GRPO sums the tokens'
+  rewards, which is the sum this loop returns;
+- the context budget: an episode whose next input exceeds ``generator.max_input_length`` stops with stop
+  reason ``length`` before the env ends it, so ``rlkit-rewarded`` scores it 0;
+- concurrency: SkyRL runs ``init``/``step``/``close`` in a thread pool (``environment.skyrl_gym
+  .max_env_workers``), many episodes at once;
+- rows: SkyRL reads them with the ``datasets`` library (Arrow), here a JSON round trip; it writes
+  ``max_turns`` into the batch's extras dict in place (it shows up in the eval dumps), here a copy.
 """
 
 import copy
@@ -37,7 +53,11 @@ def _rows(overrides):
     return job, [json.loads(json.dumps(r)) for r in train], [json.loads(json.dumps(r)) for r in evals]
 
 
-def _env_config(env_class):
+def _env_config(env_class, gym_cfg=None):
+    """``getattr(cfg.environment.skyrl_gym, env_class, {})``: the run's section, as SkyRL reads it (a mapping
+    here); falls back to SkyRL's defaults."""
+    if gym_cfg is not None:
+        return dict(gym_cfg.get(env_class, {}))
     try:
         from skyrl.train.config import SkyRLGymConfig
     except ImportError:
@@ -45,14 +65,15 @@ def _env_config(env_class):
     return getattr(SkyRLGymConfig(), env_class, dict())
 
 
-def agent_loop(row, max_turns, policy):
-    """SkyRLVLMGymGenerator.agent_loop's env protocol (model replaced by ``policy(conversation, turn)``)."""
+def agent_loop(row, max_turns, policy, gym_cfg=None):
+    """SkyRLVLMGymGenerator.agent_loop's env protocol (model replaced by ``policy(conversation, turn)``);
+    ``gym_cfg``: the compiled job's ``environment.skyrl_gym`` section."""
     row = dict(row)
     prompt = row.pop("prompt")
     env_class = row.pop("env_class")
     env_extras = dict(row)
     env_extras["max_turns"] = max_turns
-    env = skyrl_gym.make(env_class, env_config=_env_config(env_class), extras=env_extras)
+    env = skyrl_gym.make(env_class, env_config=_env_config(env_class, gym_cfg), extras=env_extras)
     conversation = copy.deepcopy(prompt)
     conversation, _ = env.init(conversation)
     per_step_rewards, done, turn = [], False, 0
