@@ -191,3 +191,30 @@ def test_generate_cached_rejects_a_state_of_another_conversation(policy):
         eng.generate_cached([pb], sp, [states[0][0]])
     with pytest.raises(ValueError, match="KV states for"):
         eng.generate_cached([pa, pb], sp, [None])
+
+
+def test_switch_selects_the_path(policy):
+    """rollout.reuse_kv_cache (default true) composes; reuse_kv=False never calls generate_cached."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    import rlkit.config  # noqa: F401  registers the schema
+    from rlkit.config import RolloutConfig
+    from rlkit.run import to_dataclass
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        on = compose(config_name="train", overrides=["env=visgym_interactive"])
+        off = compose(config_name="train", overrides=["env=visgym_interactive", "rollout.reuse_kv_cache=false"])
+    assert to_dataclass(on.rollout, RolloutConfig).reuse_kv_cache is True
+    assert to_dataclass(off.rollout, RolloutConfig).reuse_kv_cache is False
+
+    class Plain(_Counting):
+        def generate_cached(self, *a):
+            raise AssertionError("reuse_kv=False must re-prefill")
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    eng = Plain(TransformersEngine(policy, reuse_kv=False))
+    rollout(_Spec(max_turns=3), policy, eng, seeds=[1], group_size=2, sampling=sampling, policy_version=0)
+    assert all(kept == 0 for _, kept in eng.calls)
