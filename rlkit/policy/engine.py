@@ -59,6 +59,10 @@ class KVState:
         token (which was sampled but never fed to the model).
     num_images: images of the conversation in the covered tokens (all of them start before the cut).
     next_position: mrope position of the token after the covered ones (every axis; a text token).
+
+    Valid only for the weights that made it (a state outlives no adapter update: rlkit.rollout drops
+    it when its episode ends). Its tensors are inference tensors (made under torch.inference_mode).
+    Size: 2 x layers x H_kv x L x D elements (``nbytes``).
     """
 
     keys: list[torch.Tensor]
