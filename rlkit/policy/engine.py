@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from rlkit.policy.logprobs import _ids_list, _image_list, banned_mask, sequence_batch, tempered_log_probs
 from rlkit.policy.lora import unwrap_model
@@ -384,6 +385,8 @@ class TransformersEngine:
             logits = logits.repeat_interleave(n, dim=0)
             attn = attn.repeat_interleave(n, dim=0)
             next_pos = next_pos.repeat_interleave(n, dim=0)
+        if _PREALLOCATE and sampling.max_new_tokens > 1:
+            cache.layers = [_GrowingLayer(layer.keys, layer.values, sampling.max_new_tokens - 1) for layer in cache.layers]
         stats.prefill_s += time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -453,6 +456,60 @@ class TransformersEngine:
             raise RuntimeError(f"internal: a kept KV cache has {keys[0].shape[1]} positions for {len(ids)} tokens")
         num_images = 0 if prompt.image_grid_thw is None else int(prompt.image_grid_thw.reshape(-1, 3).shape[0])
         return KVState(keys=keys, values=values, input_ids=ids, num_images=num_images, next_position=int(next_position))
+
+
+#: Decode into KV buffers with room for the new tokens (_GrowingLayer) instead of transformers'
+#: DynamicLayer, which concatenates the whole cache at every step.
+_PREALLOCATE = True
+
+
+class _GrowingLayer(DynamicLayer):
+    """A transformers DynamicLayer that writes new keys/values into a buffer with ``reserve`` spare positions; ``keys`` /
+    ``values`` are views [B, H_kv, L, D] of the filled part. The same values as DynamicLayer's
+    concatenation, without copying the whole cache every decode step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, reserve: int) -> None:
+        super().__init__()
+        b, h, length, d = keys.shape
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._k = keys.new_empty(b, h, length + reserve, d)  # [B, H_kv, L + reserve, D]
+        self._v = values.new_empty(b, h, length + reserve, d)
+        self._k[:, :, :length] = keys
+        self._v[:, :, :length] = values
+        self._len = length
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self._len + n > self._k.shape[-2]:  # out of room: grow (not expected within max_new_tokens)
+            extra = max(n, 16)
+            self._k = torch.cat([self._k, self._k.new_empty(*self._k.shape[:2], extra, self._k.shape[-1])], dim=-2)
+            self._v = torch.cat([self._v, self._v.new_empty(*self._v.shape[:2], extra, self._v.shape[-1])], dim=-2)
+        self._k[:, :, self._len : self._len + n] = key_states
+        self._v[:, :, self._len : self._len + n] = value_states
+        self._len += n
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._len + query_length, 0
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k, self._v = self._k.repeat_interleave(repeats, dim=0), self._v.repeat_interleave(repeats, dim=0)
+        self._views()
 
 
 def make_engine(policy, **kwargs) -> TransformersEngine:
