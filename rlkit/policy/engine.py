@@ -15,7 +15,9 @@ three things ``generate`` does not give together:
   prefill; the KV cache is repeated G times afterwards (``DynamicCache.batch_repeat_interleave``).
 
 Finished rows (sampled <|im_end|>) are dropped from the batch and KV cache as they finish
-(``batch_select_indices``), so long-tail rows do not keep the batch wide.
+(``batch_select_indices``), so long-tail rows do not keep the batch wide. After the prefill the cache
+gets room for the new tokens (``_GrowingLayer``), so a decode step writes one position instead of
+concatenating the whole cache as transformers' DynamicLayer does.
 
 Multi-turn without re-prefill (``generate_cached``): after a turn, each completion's KV cache is kept
 as a ``KVState`` (its rows of the batch cache, padding removed, plus the mrope position of the next
