@@ -69,6 +69,10 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 48  # per policy turn
     eval_temperature: float = 0.0  # 0 = greedy
+    # multi-turn episodes keep their KV cache (and image encodings) across turns and prefill only the
+    # new user turn (native backends; same tokens and logprobs as re-prefilling, rlkit.policy.engine;
+    # under backend=skyrl vLLM caches prefixes itself). May change on resume.
+    reuse_kv_cache: bool = True
 
 
 @dataclass

@@ -4,6 +4,12 @@ All episodes of a call advance in lockstep, one policy turn at a time, so each t
 ``engine.generate`` call. On the first turn the G episodes of a task share their prompt, so the
 engine is asked for ``n = G`` samples of each distinct prompt (it can prefill the shared prompt once).
 
+Multi-turn without re-prefill: when the engine offers it (``engine.reuse_kv``, e.g.
+rlkit.policy.engine.TransformersEngine; ``rollout.reuse_kv_cache`` in the config), each live
+episode keeps the KV state its last turn left (``engine.generate_cached``), so a later turn
+prefills only its new tokens and image; the state is dropped as soon as the episode ends. Same
+tokens and logprobs as re-prefilling the conversation every turn (within float32 rounding).
+
 Trajectories are built token by token and never re-tokenized: the ids the policy sampled are the ids
 the update trains on, and the loss mask is 1 exactly on them (user messages, images, chat-template
 glue and padding are 0). This is what lets the sampling logprobs serve as the "old" logprobs of the
@@ -66,6 +72,7 @@ class _Live:
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     length_cut: int = 0
+    kv: Any = None  # the engine's KV state after the last turn (engine.reuse_kv), None once done
 
     def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -113,10 +120,17 @@ def rollout(
         for m in members:
             m.append(tt.input_ids, 0)
             m.images.extend(tt.image_inputs)
+    reuse_kv = bool(getattr(engine, "reuse_kv", False)) and env_spec.max_turns > 1
     prompts = [
         PromptInput(input_ids=tt.input_ids, **chat.concat_images(tt.image_inputs)) for tt in first_turns
     ]
-    outs = engine.generate(prompts, _with_n(sampling, group_size))
+    if reuse_kv:
+        outs, states = engine.generate_cached(prompts, _with_n(sampling, group_size))
+        for ep, st in zip(live, (s for per_prompt in states for s in per_prompt)):
+            ep.kv = st
+        del states
+    else:
+        outs = engine.generate(prompts, _with_n(sampling, group_size))
     completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
     _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
 
@@ -128,7 +142,13 @@ def rollout(
         prompts = [
             PromptInput(input_ids=list(live[i].ids), **chat.concat_images(live[i].images)) for i in active
         ]
-        outs = engine.generate(prompts, _with_n(sampling, 1))
+        if reuse_kv:
+            outs, states = engine.generate_cached(prompts, _with_n(sampling, 1), [live[i].kv for i in active])
+            for i, per_prompt in zip(active, states):
+                live[i].kv = per_prompt[0]
+            del states
+        else:
+            outs = engine.generate(prompts, _with_n(sampling, 1))
         _apply(live, active, [o[0] for o in outs], chat, env_spec.max_turns)
 
     trajectories = []
@@ -182,6 +202,7 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         )
         if out.done or len(ep.turns) >= max_turns or out.observation is None:
             ep.done = True
+            ep.kv = None  # the episode's KV cache is not needed any more
             continue
         tt = chat.user_turn(out.observation.text, out.observation.images, system=None, first=False)
         ep.append(tt.input_ids, 0)

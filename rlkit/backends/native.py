@@ -42,12 +42,13 @@ log = logging.getLogger(__name__)
 #: values apply from the resumed step on: ``steps`` (train to the new total; a cosine schedule
 #: stretches to it), ``lr`` (the base learning rate; the schedule's factor at the resumed step is
 #: kept), loop cadence and checkpointing (``trainer``), where metrics go (``logger``), how the job runs
-#: (``backend``, ``paths``), the extra pass@k evaluation and the reward's guard (time limit, on_error).
+#: (``backend``, ``paths``), the extra pass@k evaluation, the reward's guard (time limit, on_error) and
+#: ``rollout.reuse_kv_cache`` (how multi-turn rollouts are computed, not what they sample: exact).
 #: A change to any other key (env, reward, policy, algorithm, rollout, sft, seed, group_size,
 #: tasks_per_step, eval.num_tasks, ...) makes it another experiment: resuming is refused, listing them.
 #: Each resume that changes something appends what changed, and from which step, to resumes.jsonl.
 RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "reward.timeout_s",
-                  "reward.on_error")
+                  "reward.on_error", "rollout.reuse_kv_cache")
 
 
 @dataclass
@@ -142,7 +143,7 @@ class NativeRun:
         from rlkit.policy import make_engine
 
         self.policy = instantiate_plugin(self.cfg.policy, "policy", base_path=base_path, train_mode="lora")
-        self.engine = make_engine(self.policy)
+        self.engine = make_engine(self.policy, reuse_kv=self.rollout_cfg.reuse_kv_cache)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, betas=tuple(self.algo.adam_betas),
                                            weight_decay=self.algo.weight_decay)
@@ -216,7 +217,7 @@ class NativeRun:
                 return str(out_dir)
             self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
             base = instantiate_plugin(cfg.policy, "policy", base_path=grounded, train_mode="full")
-            engine = make_engine(base)
+            engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0)
             summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,

@@ -130,7 +130,7 @@ class RayNativeRun(NativeRun):
         trainer_spec = TrainerSpec(algorithm=self.algo, lr=float(cfg.lr), keep_versions=s.keep_versions,
                                    mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s, **common)
         rollout_spec = RolloutSpec(env=OmegaConf.to_container(cfg.env, resolve=True), sync_timeout_s=s.sync_timeout_s,
-                                   **common)
+                                   reuse_kv_cache=self.rollout_cfg.reuse_kv_cache, **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start()
         self.progress.say(

@@ -66,6 +66,7 @@ class RolloutSpec:
     threads: int
     device_type: str
     deterministic: bool = False
+    reuse_kv_cache: bool = True  # rollout.reuse_kv_cache: multi-turn episodes keep their KV cache across turns
 
 
 def configure_process(threads: int, deterministic: bool = False) -> None:
@@ -242,7 +243,7 @@ class RolloutWorker:
         self.index, self.spec = int(index), spec
         self.env_spec = instantiate_plugin(OmegaConf.create(spec.env), "env")
         self.policy = load_worker_policy(spec.policy, spec.base_path, device=spec.device_type)
-        self.engine = make_engine(self.policy)
+        self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)
 
     def ready(self) -> dict[str, Any]:

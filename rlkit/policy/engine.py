@@ -15,7 +15,18 @@ three things ``generate`` does not give together:
   prefill; the KV cache is repeated G times afterwards (``DynamicCache.batch_repeat_interleave``).
 
 Finished rows (sampled <|im_end|>) are dropped from the batch and KV cache as they finish
-(``batch_select_indices``), so long-tail rows do not keep the batch wide.
+(``batch_select_indices``), so long-tail rows do not keep the batch wide. After the prefill the cache
+gets room for the new tokens (``_GrowingLayer``), so a decode step writes one position instead of
+concatenating the whole cache as transformers' DynamicLayer does.
+
+Multi-turn without re-prefill (``generate_cached``): after a turn, each completion's KV cache is kept
+as a ``KVState`` (its rows of the batch cache, padding removed, plus the mrope position of the next
+token); the next turn of that conversation prefills only the tokens after the state (the last sampled
+token, the turn end and the new user turn with its new images) against it. Qwen3-VL's
+``get_rope_index`` is translation invariant (each text run and image starts at the running
+max position + 1), so the new tokens' positions are ``get_rope_index`` of the new tokens alone plus
+the state's next position: the positions a full re-prefill gives them. Same tokens and logprobs as
+re-prefilling (``generate``) within float32 rounding (tests/policy/test_kv_reuse.py).
 """
 
 from __future__ import annotations
@@ -25,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
-from rlkit.policy.logprobs import banned_mask, sequence_batch, tempered_log_probs
+from rlkit.policy.logprobs import _ids_list, _image_list, banned_mask, sequence_batch, tempered_log_probs
+from rlkit.policy.lora import unwrap_model
 
 
 @dataclass
@@ -38,6 +51,36 @@ class PromptInput:
     input_ids: list[int]
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+
+
+@dataclass
+class KVState:
+    """The KV cache of one conversation kept after a turn (``TransformersEngine.generate_cached``).
+
+    keys, values: one tensor per decoder layer, [H_kv, L, D] (the model's dtype and device; no padding).
+    input_ids: the L tokens the cache covers: the turn's prompt and the completion without its last
+        token (which was sampled but never fed to the model).
+    num_images: images of the conversation in the covered tokens (all of them start before the cut).
+    next_position: mrope position of the token after the covered ones (every axis; a text token).
+
+    Valid only for the weights that made it (a state outlives no adapter update: rlkit.rollout drops
+    it when its episode ends). Its tensors are inference tensors (made under torch.inference_mode).
+    Size: 2 x layers x H_kv x L x D elements (``nbytes``).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    input_ids: list[int]
+    num_images: int
+    next_position: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 @dataclass
@@ -154,12 +197,16 @@ class TransformersEngine:
         max_batch_rows: most sequences decoded together (prompts x n); larger calls run in chunks.
         share_prefill: prefill each prompt once and repeat its KV cache n times (True), or prefill
             every row separately (False; for benchmarks).
+        reuse_kv: multi-turn rollouts keep each episode's KV cache across turns and prefill only the
+            new tokens (``generate_cached``; rlkit.rollout reads this flag). False: every turn
+            re-prefills the whole conversation (``generate``), as before.
     """
 
-    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True) -> None:
+    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True, reuse_kv: bool = True) -> None:
         self.policy = policy
         self.max_batch_rows = int(max_batch_rows)
         self.share_prefill = bool(share_prefill)
+        self.reuse_kv = bool(reuse_kv)
         self.last_stats = GenerateStats()
         self.adapter_info = None
 
@@ -184,9 +231,44 @@ class TransformersEngine:
             ValueError: bad sampling params, an empty prompt, or a prompt whose image placeholders
                 do not match its images.
         """
+        return self._generate(prompts, sampling, None, keep=False)[0]
+
+    def generate_cached(
+        self,
+        prompts: Sequence[PromptInput],
+        sampling: SamplingParams,
+        states: Sequence[KVState | None] | None = None,
+    ) -> tuple[list[list[Completion]], list[list[KVState]]]:
+        """``generate`` that starts from kept KV caches and returns the new ones (multi-turn rollouts).
+
+        Args:
+            prompts: the whole conversation so far of each prompt (all its tokens and all its images,
+                as for ``generate``).
+            sampling: as for ``generate``.
+            states: one KVState or None per prompt (None for all: every prompt prefilled in full). A
+                state must cover a proper prefix of its prompt's input_ids (the ids are checked) and
+                the first ``num_images`` of its images; only the tokens and images after it are
+                prefilled. States are read, never changed, so one may serve several calls.
+
+        Returns:
+            (completions, states): completions as ``generate`` returns them (the same tokens and
+            logprobs as ``generate`` on the same prompts, within float32 rounding); states[i][k] is
+            the KVState after completion k of prompt i (prompt + completion without its last token).
+
+        Raises:
+            ValueError: as ``generate``; a state that is not a prefix of its prompt, or ``states``
+                of another length than ``prompts``.
+        """
+        return self._generate(prompts, sampling, states, keep=True)
+
+    def _generate(self, prompts, sampling, states, keep: bool) -> tuple[list[list[Completion]], list[list[KVState]]]:
         sampling.validate()
         if not prompts:
-            return []
+            return [], []
+        if states is None:
+            states = [None] * len(prompts)
+        if len(states) != len(prompts):
+            raise ValueError(f"{len(states)} KV states for {len(prompts)} prompts (one state or None per prompt)")
         device = next(self.policy.model.parameters()).device
         generator = None
         if sampling.seed is not None:
@@ -196,41 +278,117 @@ class TransformersEngine:
         model = self.policy.model
         was_training = model.training
         model.eval()
+        n = sampling.n
         try:
             with torch.inference_mode():
                 out: list[list[Completion]] = []
-                per_chunk = max(1, self.max_batch_rows // sampling.n)
+                kept: list[list[KVState]] = []
+                per_chunk = max(1, self.max_batch_rows // n)
                 for start in range(0, len(prompts), per_chunk):
                     chunk = list(prompts[start : start + per_chunk])
+                    chunk_states = list(states[start : start + per_chunk])
                     if self.share_prefill:
-                        out.extend(self._generate_chunk(chunk, sampling, sampling.n, generator, stats, device))
+                        comps, ks = self._generate_chunk(chunk, chunk_states, sampling, n, generator, stats, device, keep)
+                        out.extend(comps)
+                        kept.extend(ks)
                     else:
-                        rows = [p for p in chunk for _ in range(sampling.n)]
-                        flat = self._generate_chunk(rows, sampling, 1, generator, stats, device)
-                        out.extend([[c[0] for c in flat[i * sampling.n : (i + 1) * sampling.n]] for i in range(len(chunk))])
+                        rows = [p for p in chunk for _ in range(n)]
+                        row_states = [s for s in chunk_states for _ in range(n)]
+                        flat, flat_k = self._generate_chunk(rows, row_states, sampling, 1, generator, stats, device, keep)
+                        out.extend([[c[0] for c in flat[i * n : (i + 1) * n]] for i in range(len(chunk))])
+                        if keep:
+                            kept.extend([[k[0] for k in flat_k[i * n : (i + 1) * n]] for i in range(len(chunk))])
         finally:
             model.train(was_training)
         self.last_stats = stats
-        return out
+        return out, kept
 
-    def _generate_chunk(self, prompts, sampling, n, generator, stats, device) -> list[list[Completion]]:
+    def _prefill(self, prompts, states, device, stats):
+        """Prefill a chunk: (model output with its KV cache, attention mask [B, L], next position [B]).
+
+        Without states: the whole prompts, left-padded. With states: a cache [B, H, C_max, D] of the
+        states (each right-aligned, padding masked), then the prompts' tokens after their states,
+        left-padded, at the states' positions + the new tokens' own ``get_rope_index`` positions.
+        """
+        model = self.policy.model
+        chat = self.policy.chat
+        if all(s is None for s in states):
+            batch = sequence_batch(model, prompts, pad_token_id=chat.pad_id, padding_side="left", device=device)
+            next_pos = batch.position_ids.masked_fill(batch.attention_mask[None] == 0, -1).amax(dim=(0, 2)) + 1  # [B]
+            out = model(**batch.model_inputs(), use_cache=True, logits_to_keep=1)
+            stats.prompt_tokens += sum(batch.lengths)
+            return out, batch.attention_mask, next_pos
+
+        from transformers import DynamicCache
+
+        new_prompts, offsets, cached = [], [], []
+        for i, (p, st) in enumerate(zip(prompts, states)):
+            ids = _ids_list(p.input_ids)
+            images = _image_list(p)  # [(pixel_values [P_i, D], image_grid_thw [1, 3])]
+            c, k, off = 0, 0, 0
+            if st is not None:
+                c, k, off = st.num_tokens, st.num_images, st.next_position
+                if c >= len(ids) or ids[:c] != st.input_ids:
+                    raise ValueError(f"prompt {i}: its KV state ({c} tokens) is not a proper prefix of its "
+                                     f"{len(ids)} input_ids (pass the conversation the state was made from, "
+                                     "extended by at least one token)")
+                if k > len(images):
+                    raise ValueError(f"prompt {i}: its KV state covers {k} images but the prompt has {len(images)}")
+            new = images[k:]
+            new_prompts.append(PromptInput(
+                input_ids=ids[c:],
+                pixel_values=torch.cat([pv for pv, _ in new], 0) if new else None,
+                image_grid_thw=torch.cat([g for _, g in new], 0) if new else None,
+            ))
+            offsets.append(off)
+            cached.append(c)
+        batch = sequence_batch(model, new_prompts, pad_token_id=chat.pad_id, padding_side="left", device=device)
+        b = len(prompts)
+        offset = torch.tensor(offsets, dtype=torch.long, device=device)  # [B]
+        real = batch.attention_mask[None] == 1  # [1, B, N]
+        pos = torch.where(real, batch.position_ids + offset.view(1, -1, 1), batch.position_ids)  # [3, B, N]
+        next_pos = pos.masked_fill(~real, -1).amax(dim=(0, 2)) + 1  # [B]
+        c_max = max(cached)
+        ref = next(s for s in states if s is not None)
+        kv = []
+        for layer in range(len(ref.keys)):
+            h, _, d = ref.keys[layer].shape
+            keys = ref.keys[layer].new_zeros(b, h, c_max, d)  # [B, H_kv, C_max, D]
+            values = ref.values[layer].new_zeros(b, h, c_max, d)
+            for i, st in enumerate(states):
+                if st is not None:
+                    keys[i, :, c_max - cached[i] :] = st.keys[layer]
+                    values[i, :, c_max - cached[i] :] = st.values[layer]
+            kv.append((keys, values))
+        cache = DynamicCache(ddp_cache_data=kv, config=unwrap_model(model).config)
+        cache_mask = torch.zeros((b, c_max), dtype=batch.attention_mask.dtype, device=device)  # [B, C_max]
+        for i, c in enumerate(cached):
+            cache_mask[i, c_max - c :] = 1
+        attn = torch.cat([cache_mask, batch.attention_mask], dim=1)  # [B, C_max + N]
+        out = model(input_ids=batch.input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                    pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, use_cache=True,
+                    logits_to_keep=1)
+        stats.prompt_tokens += sum(batch.lengths)
+        stats.extra["cached_tokens"] = stats.extra.get("cached_tokens", 0) + sum(cached)
+        return out, attn, next_pos
+
+    def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device,
+                        keep: bool = False) -> tuple[list[list[Completion]], list[list[KVState]]]:
         model = self.policy.model
         chat = self.policy.chat
         im_end = chat.im_end_id
         t0 = time.perf_counter()
-        batch = sequence_batch(model, prompts, pad_token_id=chat.pad_id, padding_side="left", device=device)
-        next_pos = batch.position_ids.masked_fill(batch.attention_mask[None] == 0, -1).amax(dim=(0, 2)) + 1  # [B]
-        out = model(**batch.model_inputs(), use_cache=True, logits_to_keep=1)
+        out, attn, next_pos = self._prefill(prompts, states, device, stats)
         cache = out.past_key_values
         logits = out.logits[:, -1]  # [B, V]
         banned = banned_mask(self.policy.banned_token_ids, logits.shape[-1], device)
-        attn = batch.attention_mask
-        stats.prompt_tokens += sum(batch.lengths)
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
             attn = attn.repeat_interleave(n, dim=0)
             next_pos = next_pos.repeat_interleave(n, dim=0)
+        if _PREALLOCATE and sampling.max_new_tokens > 1:
+            cache.layers = [_GrowingLayer(layer.keys, layer.values, sampling.max_new_tokens - 1) for layer in cache.layers]
         stats.prefill_s += time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -238,23 +396,30 @@ class TransformersEngine:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logps: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
+        kept: list[KVState | None] = [None] * rows
         alive = torch.arange(rows, device=device)  # original row index of each live batch row
         for step in range(sampling.max_new_tokens):
             tok, lp = sample_from_logits(logits, banned, sampling, generator)
             tok_l, lp_l, alive_l = tok.tolist(), lp.tolist(), alive.tolist()
-            keep = []
+            keep_rows = []
             for j, r in enumerate(alive_l):
                 tokens[r].append(tok_l[j])
                 logps[r].append(lp_l[j])
                 if tok_l[j] == im_end:
                     finish[r] = "stop"
                 else:
-                    keep.append(j)
+                    keep_rows.append(j)
             stats.generated_tokens += len(alive_l)
-            if not keep or step == sampling.max_new_tokens - 1:
+            last = not keep_rows or step == sampling.max_new_tokens - 1
+            if keep:  # rows that end now: their cache holds the prompt and all but the last sampled token
+                next_l = next_pos.tolist()
+                for j, r in enumerate(alive_l):
+                    if last or tok_l[j] == im_end:
+                        kept[r] = self._kv_state(cache, attn, j, prompts[r // n], tokens[r], next_l[j])
+            if last:
                 break
-            if len(keep) < len(alive_l):
-                idx = torch.tensor(keep, device=device)
+            if len(keep_rows) < len(alive_l):
+                idx = torch.tensor(keep_rows, device=device)
                 cache.batch_select_indices(idx)
                 alive, tok, attn, next_pos = alive[idx], tok[idx], attn[idx], next_pos[idx]
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
@@ -274,12 +439,79 @@ class TransformersEngine:
         stats.decode_s += time.perf_counter() - t1
 
         results: list[list[Completion]] = []
+        states_out: list[list[KVState]] = []
         for i in range(len(prompts)):
-            group = []
-            for r in range(i * n, (i + 1) * n):
-                group.append(Completion(tokens[r], logps[r], chat.decode(tokens[r]), finish[r]))
-            results.append(group)
-        return results
+            results.append([Completion(tokens[r], logps[r], chat.decode(tokens[r]), finish[r]) for r in range(i * n, (i + 1) * n)])
+            if keep:
+                states_out.append([kept[r] for r in range(i * n, (i + 1) * n)])
+        return results, states_out
+
+    @staticmethod
+    def _kv_state(cache, attn: torch.Tensor, j: int, prompt: PromptInput, tokens: list[int], next_position: int) -> KVState:
+        """Batch row ``j`` of ``cache`` (padding dropped by ``attn`` [R, L]) as a KVState of ``prompt``
+        followed by ``tokens`` without the last one."""
+        real = attn[j].bool()  # [L]
+        ids = _ids_list(prompt.input_ids) + list(tokens[:-1])
+        keys = [layer.keys[j][:, real] for layer in cache.layers]  # [H_kv, L_j, D] each (a copy)
+        values = [layer.values[j][:, real] for layer in cache.layers]
+        if keys and keys[0].shape[1] != len(ids):
+            raise RuntimeError(f"internal: a kept KV cache has {keys[0].shape[1]} positions for {len(ids)} tokens")
+        num_images = 0 if prompt.image_grid_thw is None else int(prompt.image_grid_thw.reshape(-1, 3).shape[0])
+        return KVState(keys=keys, values=values, input_ids=ids, num_images=num_images, next_position=int(next_position))
+
+
+#: Decode into KV buffers with room for the new tokens (_GrowingLayer) instead of transformers'
+#: DynamicLayer, which concatenates the whole cache at every step.
+_PREALLOCATE = True
+
+
+class _GrowingLayer(DynamicLayer):
+    """A transformers DynamicLayer that writes new keys/values into a buffer with ``reserve`` spare positions; ``keys`` /
+    ``values`` are views [B, H_kv, L, D] of the filled part. The same values as DynamicLayer's
+    concatenation, without copying the whole cache every decode step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, reserve: int) -> None:
+        super().__init__()
+        b, h, length, d = keys.shape
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._k = keys.new_empty(b, h, length + reserve, d)  # [B, H_kv, L + reserve, D]
+        self._v = values.new_empty(b, h, length + reserve, d)
+        self._k[:, :, :length] = keys
+        self._v[:, :, :length] = values
+        self._len = length
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self._len + n > self._k.shape[-2]:  # out of room: grow (not expected within max_new_tokens)
+            extra = max(n, 16)
+            self._k = torch.cat([self._k, self._k.new_empty(*self._k.shape[:2], extra, self._k.shape[-1])], dim=-2)
+            self._v = torch.cat([self._v, self._v.new_empty(*self._v.shape[:2], extra, self._v.shape[-1])], dim=-2)
+        self._k[:, :, self._len : self._len + n] = key_states
+        self._v[:, :, self._len : self._len + n] = value_states
+        self._len += n
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._len + query_length, 0
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k, self._v = self._k.repeat_interleave(repeats, dim=0), self._v.repeat_interleave(repeats, dim=0)
+        self._views()
 
 
 def make_engine(policy, **kwargs) -> TransformersEngine:
