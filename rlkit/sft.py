@@ -117,6 +117,16 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
 
 
+def batch_shares_prefix(policy: Any) -> bool:
+    """Whether a supervised batch runs the shared-prefix forward (rlkit.policy.logprobs): every
+    demonstration is encoded with ``group=0``, so the batch's common prefix (the system prompt, ~90
+    of ~210 tokens for the VisGym maze) is computed once. Exact within float32 rounding; off where the
+    model does not support it (gradient checkpointing)."""
+    from rlkit.policy.logprobs import shared_prefix_unsupported
+
+    return shared_prefix_unsupported(policy.model) is None
+
+
 _LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
 
 
@@ -206,6 +216,7 @@ def train_sft(
     val_success, step, history = 0.0, 0, []
     val_demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in val_seeds) if d is not None]
     order: list[int] = []
+    share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
         if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
             batch = draw(cfg.batch_size)
@@ -213,7 +224,7 @@ def train_sft(
             if len(order) < cfg.batch_size:
                 order += torch.randperm(len(demos), generator=gen).tolist()
             batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-        logprobs, _ = policy.logprobs(batch, temperature=1.0)  # [n, T]
+        logprobs, _ = policy.logprobs(batch, temperature=1.0, with_entropy=False, shared_prefix=share)  # [n, T]
         mask = torch.zeros_like(logprobs)
         for i, t in enumerate(batch):
             mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
