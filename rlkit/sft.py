@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 #: Bump when the warm-start builder changes what it produces for the same config (a new cache key).
 SFT_BUILDER_VERSION = 2
 
-#: Policy config keys that say where things are, not what the model is: left out of the cache key.
-_LOCATION_KEYS = ("cache_dir",)
+#: Policy config keys that do not change a full fine-tuning stage's checkpoint, left out of the cache
+#: key: where things are (cache_dir), and the LoRA adapter of the later GRPO stage (the warm start and
+#: grounding train all weights, without an adapter), so a sweep over policy.lora.* shares one warm start.
+_IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
@@ -53,13 +55,14 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
     checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
 
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
-    (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Returns 16 hex chars.
+    (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
+    ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Returns 16 hex chars.
     """
     def plain(v: Any) -> Any:
         return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
 
     policy = dict(plain(policy_cfg) or {})
-    for key in _LOCATION_KEYS:
+    for key in _IGNORED_POLICY_KEYS:
         policy.pop(key, None)
     path = policy.get("path")
     if isinstance(path, str) and Path(path).is_dir():
