@@ -165,6 +165,7 @@ class TrainConfig:
     steps: int = 40
     group_size: int = 8
     tasks_per_step: int = 8
+    control: Optional[str] = None  # null | fixed_image | shuffled_reward (rlkit/controls.py)
     env: Any = MISSING
     reward: Any = MISSING
     policy: Any = MISSING
@@ -224,7 +225,7 @@ class Range:
     def describe(self) -> str:
         """The rule in words, e.g. "must be an integer >= 0 (0 = off)"."""
         if self.choices:
-            rule = "must be one of " + ", ".join(map(str, self.choices))
+            rule = "must be one of " + ", ".join(map(str, self.choices)) + (" or null" if self.none else "")
         else:
             parts = []
             if self.lo is not None:
@@ -257,6 +258,8 @@ RANGES: dict[str, Range] = {
     "steps": Range(0, integer=True, note="0 = only the warm start and the evaluation"),
     "group_size": Range(1, integer=True),
     "tasks_per_step": Range(1, integer=True),
+    "control": Range(choices=("fixed_image", "shuffled_reward"), none=True,
+                     note="null = the real run; a control cannot learn from its observations (rlkit/controls.py)"),
     "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
     "algorithm.dynamic_sampling_max_rounds": Range(0, integer=True, note="0 = off"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),

@@ -29,6 +29,7 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
+from rlkit.sft import batch_shares_prefix
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
 
@@ -165,10 +166,12 @@ def train_grounding(
     table: dict[str, float] | None = None
     step, phase, phase_starts = 0, 0, [0]
     policy.model.train()
+    share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
         tasks = phases[phase]
         batch = [encode_example(policy, ex, fixed) for ex in _draw_examples(env_spec, sampler, tasks, cfg.batch_size, rng)]
-        logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False)
+        logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False,
+                                      shared_prefix=share)  # the system prompt once (rlkit.sft.batch_shares_prefix)
         mask = torch.zeros_like(logprobs)
         for i, it in enumerate(batch):
             mask[i, : len(it.trajectory.loss_mask)] = torch.tensor(it.trajectory.loss_mask, dtype=torch.float32)

@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 #: Bump when the warm-start builder changes what it produces for the same config (a new cache key).
 SFT_BUILDER_VERSION = 2
 
-#: Policy config keys that say where things are, not what the model is: left out of the cache key.
-_LOCATION_KEYS = ("cache_dir",)
+#: Policy config keys that do not change a full fine-tuning stage's checkpoint, left out of the cache
+#: key: where things are (cache_dir), and the LoRA adapter of the later GRPO stage (the warm start and
+#: grounding train all weights, without an adapter), so a sweep over policy.lora.* shares one warm start.
+_IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
@@ -53,13 +55,14 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
     checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
 
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
-    (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Returns 16 hex chars.
+    (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
+    ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Returns 16 hex chars.
     """
     def plain(v: Any) -> Any:
         return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
 
     policy = dict(plain(policy_cfg) or {})
-    for key in _LOCATION_KEYS:
+    for key in _IGNORED_POLICY_KEYS:
         policy.pop(key, None)
     path = policy.get("path")
     if isinstance(path, str) and Path(path).is_dir():
@@ -115,6 +118,16 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     if not record.success:
         return None
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
+
+
+def batch_shares_prefix(policy: Any) -> bool:
+    """Whether a supervised batch runs the shared-prefix forward (rlkit.policy.logprobs): every
+    demonstration is encoded with ``group=0``, so the batch's common prefix (the system prompt, ~90
+    of ~210 tokens for the VisGym maze) is computed once. Exact within float32 rounding; off where the
+    model does not support it (gradient checkpointing)."""
+    from rlkit.policy.logprobs import shared_prefix_unsupported
+
+    return shared_prefix_unsupported(policy.model) is None
 
 
 _LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
@@ -206,6 +219,7 @@ def train_sft(
     val_success, step, history = 0.0, 0, []
     val_demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in val_seeds) if d is not None]
     order: list[int] = []
+    share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
         if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
             batch = draw(cfg.batch_size)
@@ -213,7 +227,7 @@ def train_sft(
             if len(order) < cfg.batch_size:
                 order += torch.randperm(len(demos), generator=gen).tolist()
             batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-        logprobs, _ = policy.logprobs(batch, temperature=1.0)  # [n, T]
+        logprobs, _ = policy.logprobs(batch, temperature=1.0, with_entropy=False, shared_prefix=share)  # [n, T]
         mask = torch.zeros_like(logprobs)
         for i, t in enumerate(batch):
             mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)

@@ -9,6 +9,11 @@ reported separately), the first step/time at which the target is reached, and wr
     .venv/bin/python scripts/bench_headline.py --seeds 0 1 2 --out runs/headline
     .venv/bin/python scripts/bench_headline.py --out runs/headline_interactive -- env=visgym_interactive
 
+Each seed also runs its control (``--control``, default ``fixed_image``: the same job fed one fixed
+image, rlkit/controls.py) from the same warm start, plotted dashed beside it, and prints
+``control fixed_image: warm start X% -> Z% after N steps (seed S)``: a rise that the control
+shows too is the answer prior being learned, not the mazes being read. ``--control none`` skips it.
+
 Not a test: timings depend on the machine and its load.
 """
 
@@ -44,34 +49,52 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/headline")
     ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--control", default="fixed_image", choices=["fixed_image", "shuffled_reward", "none"],
+                    help="the control run beside each seed (rlkit/controls.py); none = no control")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for train.py (after --)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     report = {"overrides": args.overrides, "target": args.target, "runs": []}
-    for seed in args.seeds:
-        run_dir = out / f"seed{seed}"
-        cmd = [sys.executable, str(ROOT / "train.py"), f"seed={seed}", "logger=console", *args.overrides,
+    def train(run_dir: Path, seed: int, extra: list[str]) -> float:
+        cmd = [sys.executable, str(ROOT / "train.py"), f"seed={seed}", "logger=console", *args.overrides, *extra,
                f"hydra.run.dir={run_dir}"]
         print("+", " ".join(cmd), flush=True)
         t0 = time.time()
         subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, WANDB_MODE="offline"))
-        total = time.time() - t0
+        return time.time() - t0
+
+    for seed in args.seeds:
+        run_dir = out / f"seed{seed}"
+        total = train(run_dir, seed, [])
         result = json.loads((run_dir / "result.json").read_text())
         rows = curve(run_dir)
+        control = None
+        if args.control != "none":
+            c_dir = out / f"seed{seed}_{args.control}"
+            train(c_dir, seed, [f"control={args.control}"])
+            c_result = json.loads((c_dir / "result.json").read_text())
+            control = {"control": args.control, "result": c_result, "curve": curve(c_dir)}
         hit = next((r for r in rows if r["success"] >= args.target), None)
         sft = None
         for p in sorted((Path(os.environ.get("RLKIT_CACHE_DIR", ROOT / ".cache")) / "sft").glob("*/sft_summary.json")):
             sft = json.loads(p.read_text())
         report["runs"].append({"seed": seed, "result": result, "curve": rows, "process_wall_s": total,
-                               "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")}})
+                               "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")},
+                               "control": control})
         before = result["eval_success_before"]
         print(f"\nheadline: warm start {'-' if before is None else f'{before:.1%}'} -> {result['eval_success_after']:.1%} "
               f"after {result['steps_completed']} steps in {result['wall_time_s']:.0f} s (seed {seed}; "
               f"{total:.0f} s with the one-time builds of a first run)")
-        print(f"{'step':>6} {'train s':>8} {'success':>8}")
+        if control is not None:
+            c_res = control["result"]
+            print(f"control {args.control}: warm start {c_res['eval_success_before']:.1%} -> "
+                  f"{c_res['eval_success_after']:.1%} after {c_res['steps_completed']} steps (seed {seed})")
+        c_by_step = {r["step"]: r["success"] for r in control["curve"]} if control else {}
+        print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'control':>8}" if control else ""))
         for r in rows:
-            print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}")
+            c = f" {c_by_step[r['step']]:>8.1%}" if r["step"] in c_by_step else ""
+            print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}{c}")
         print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no")
     (out / "headline.json").write_text(json.dumps(report, indent=1))
     try:
@@ -85,14 +108,21 @@ def main() -> None:
             steps = [r["step"] for r in run["curve"]]
             walls = [r["wall_time_s"] / 60 for r in run["curve"]]
             succ = [100 * r["success"] for r in run["curve"]]
-            axes[0].plot(steps, succ, marker="o", label=f"seed {run['seed']}")
-            axes[1].plot(walls, succ, marker="o", label=f"seed {run['seed']}")
+            line = axes[0].plot(steps, succ, marker="o", label=f"seed {run['seed']}")[0]
+            axes[1].plot(walls, succ, marker="o", label=f"seed {run['seed']}", color=line.get_color())
+            if run["control"]:
+                c = run["control"]["curve"]
+                label = f"seed {run['seed']}, control {run['control']['control']}"
+                axes[0].plot([r["step"] for r in c], [100 * r["success"] for r in c], ls="--", marker="x",
+                             color=line.get_color(), label=label)
+                axes[1].plot([r["wall_time_s"] / 60 for r in c], [100 * r["success"] for r in c], ls="--",
+                             marker="x", color=line.get_color(), label=label)
         for ax, xl in zip(axes, ["GRPO step", "training wall time (min)"]):
             ax.axhline(100 * args.target, color="gray", ls="--", lw=1)
             ax.set_xlabel(xl)
             ax.set_ylabel("greedy success on the eval set (%)")
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "headline.png", dpi=110)
     except ImportError:

@@ -54,6 +54,7 @@ def test_defaults_and_every_experiment_are_valid():
     ("sft.seed=-3", "sft.seed=-3"),
     ("eval.pass_k=-1", "eval.pass_k=-1 must be an integer >= 0 (0 = off)"),
     ("trainer.resume_mode=earliest", "trainer.resume_mode='earliest' must be one of latest, none, from_path"),
+    ("control=blind", "control='blind' must be one of fixed_image, shuffled_reward or null"),
 ])
 def test_bad_value_is_named_with_its_range(override, message):
     problems = check_ranges(_compose([override]))

@@ -67,6 +67,10 @@ class NativeBackend:
 
 
 class NativeRun:
+    #: control=fixed_image wraps the env spec in this process (rlkit/controls.py); a backend whose
+    #: envs live elsewhere (native_ray's workers) sets this False and refuses it
+    supports_fixed_image_control = True
+
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.algo: AlgorithmConfig = to_dataclass(cfg.algorithm, AlgorithmConfig)
@@ -118,6 +122,12 @@ class NativeRun:
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
                      else self._grounded_base())
         self._build_policy(base_path)
+        if cfg.get("control") == "fixed_image":  # after the warm start: the control starts from the same policy
+            from rlkit.controls import FixedImageEnvSpec
+
+            image_seed = TaskSampler(cfg.seed + 1, self.env_spec.is_eval_seed).sample(1)[0]
+            self.env_spec = FixedImageEnvSpec(self.env_spec, image_seed)
+            self.progress.say(f"control=fixed_image: every image shown is task {image_seed}'s first observation")
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
             top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
@@ -157,6 +167,9 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
+            problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
+                            "other processes); use backend=native, or control=shuffled_reward here")
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
@@ -390,6 +403,10 @@ class NativeRun:
         if self.algo.dynamic_sampling_max_rounds > 0:
             trajs, rewards, sampled, rewards_out, dynamic = self._dynamic_sampling(step, sampling, trajs, rewards_out, timing)
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
+        if cfg.get("control") == "shuffled_reward":  # the control: advantages that say nothing (rlkit/controls.py)
+            from rlkit.controls import shuffle_rewards
+
+            rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
         advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
         t2 = time.time()
         with self.progress.phase("update", step, cfg.steps):

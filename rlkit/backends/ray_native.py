@@ -106,6 +106,8 @@ class RemotePolicy:
 class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
+    supports_fixed_image_control = False  # the envs are built on the rollout workers
+
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
         from rlkit.sync import run_key_for, sync_root

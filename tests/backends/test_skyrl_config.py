@@ -137,6 +137,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("tasks_per_step=5", "tasks_per_step*group_size"),
         ("backend.tensor_parallel_size=5", "backend.tensor_parallel_size"),
         ("policy.lora.target_modules=.*_proj", "policy.lora.target_modules"),
+        ("control=fixed_image", "control=fixed_image"),
     ],
 )
 def test_unsupported_option_is_a_clear_error(override, key):

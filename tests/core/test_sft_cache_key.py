@@ -23,6 +23,14 @@ def test_cache_location_is_not_part_of_the_key():
     assert sft_cache_key(SFT, ENV, _policy(tiny={"text_hidden": 32})) != a
 
 
+def test_the_grpo_adapter_settings_do_not_rebuild_the_warm_start():
+    """The warm start trains all weights; a sweep over policy.lora.* shares it (the dtype does not)."""
+    a = sft_cache_key(SFT, ENV, _policy(lora={"rank": 16, "alpha": 32}))
+    assert sft_cache_key(SFT, ENV, _policy(lora={"rank": 64, "alpha": 128, "include_vision": True})) == a
+    assert sft_cache_key(SFT, ENV, _policy(lora={"rank": 16}, dtype="float32")) != \
+        sft_cache_key(SFT, ENV, _policy(lora={"rank": 16}, dtype="bfloat16"))
+
+
 def test_a_copied_checkpoint_keys_the_same(tmp_path):
     src = tmp_path / "one" / "ckpt"
     src.mkdir(parents=True)

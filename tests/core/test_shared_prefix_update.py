@@ -120,3 +120,34 @@ def test_order_by_group_and_fallbacks(policy, plan_env):
     assert use_shared_prefix(policy, AlgorithmConfig()) and not use_shared_prefix(policy, AlgorithmConfig(shared_prefix=False))
     policy.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert not use_shared_prefix(policy, AlgorithmConfig())  # the KV cache is dropped under checkpointing
+
+
+def test_supervised_batch_shares_the_system_prompt_exactly(policy, plan_env):
+    """SFT and grounding batches (rlkit.sft.batch_shares_prefix): every demonstration is group 0, so
+    the batch's common prefix (the system prompt, up to the first image, which differs by maze) runs
+    once; the loss and its gradients equal the full-sequence forward's."""
+    from rlkit.policy.logprobs import shared_prefix_clusters
+    from rlkit.sft import batch_shares_prefix, demonstration_trajectory
+
+    demos = [demonstration_trajectory(plan_env, policy, seed=s) for s in (1000, 1001, 1002, 1003)]
+    demos = [d for d in demos if d is not None]
+    assert len(demos) >= 3 and batch_shares_prefix(policy)
+    (cluster,) = shared_prefix_clusters(demos, policy.chat.image_pad_id)
+    first_image = demos[0].input_ids.index(policy.chat.image_pad_id)
+    assert cluster.prefix_len == first_image and cluster.num_prefix_images == 0  # cut at the image: mazes differ
+
+    def loss_and_grad(shared):
+        policy.model.zero_grad(set_to_none=True)
+        lp, _ = policy.logprobs(demos, temperature=1.0, with_entropy=False, shared_prefix=shared)
+        mask = torch.zeros_like(lp)
+        for i, d in enumerate(demos):
+            mask[i, : len(d.loss_mask)] = torch.tensor(d.loss_mask, dtype=torch.float32)
+        loss = -(lp * mask).sum() / mask.sum()
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.requires_grad])
+        return float(loss), grads
+
+    (l_plain, g_plain), (l_shared, g_shared) = loss_and_grad(False), loss_and_grad(True)
+    assert l_shared == pytest.approx(l_plain, rel=1e-6)
+    assert float(g_plain.abs().max()) > 0
+    assert torch.allclose(g_plain, g_shared, atol=1e-6 * float(g_plain.abs().max()) + 1e-8, rtol=1e-4)
