@@ -29,7 +29,7 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.sft import batch_shares_prefix
+from rlkit.sft import batch_shares_prefix, save_stage
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
 
@@ -198,8 +198,6 @@ def train_grounding(
                "phase_starts": phase_starts,
                "stop_metric": key, "final": table, "history": history}
     if out_dir is not None:
-        from rlkit.sft import save_stage
-
         save_stage(policy, out_dir, "grounding_summary.json", summary)
     return summary
 
