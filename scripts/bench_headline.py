@@ -76,9 +76,10 @@ def main() -> None:
             c_result = json.loads((c_dir / "result.json").read_text())
             control = {"control": args.control, "result": c_result, "curve": curve(c_dir)}
         hit = next((r for r in rows if r["success"] >= args.target), None)
-        sft = None
-        for p in sorted((Path(os.environ.get("RLKIT_CACHE_DIR", ROOT / ".cache")) / "sft").glob("*/sft_summary.json")):
-            sft = json.loads(p.read_text())
+        sft = None  # the warm start this run started from (result.json names it), not whichever cache entry sorts last
+        summary_path = result.get("warm_start_dir") and Path(result["warm_start_dir"]) / "sft_summary.json"
+        if summary_path and summary_path.is_file():
+            sft = json.loads(summary_path.read_text())
         report["runs"].append({"seed": seed, "result": result, "curve": rows, "process_wall_s": total,
                                "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")},
                                "control": control})

@@ -33,6 +33,8 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     for key in ("eval_success_before", "eval_success_after"):
         assert 0.0 <= result[key] <= 1.0
     assert result["wall_time_s"] > 0
+    warm = Path(result["warm_start_dir"])  # the SFT checkpoint this run started from, with its summary
+    assert warm.parent.name == "sft" and (warm / "sft_summary.json").is_file()
     adapter = Path(result["adapter_dir"])
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     export = out / "exports" / "step_000001"  # every export_interval steps, plain PEFT format

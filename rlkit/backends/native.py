@@ -121,6 +121,7 @@ class NativeRun:
             raise ConfigError(f"rollout.{e}") from None
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
                      else self._grounded_base())
+        self.base_path = base_path  # the warm start (or grounded base) this run starts from; result.json names it
         self._build_policy(base_path)
         if cfg.get("control") == "fixed_image":  # after the warm start: the control starts from the same policy
             from rlkit.controls import FixedImageEnvSpec
@@ -518,6 +519,7 @@ class NativeRun:
             "policy_turns": self.env_spec.max_turns,
             "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
             "setup_time_s": round(self._setup_s, 2),
+            "warm_start_dir": getattr(self, "base_path", None),
             "overrides": _run_name(),
             "wandb_run_id": self.state.run_id,
             "host": platform.node(),
