@@ -166,6 +166,7 @@ class TrainConfig:
     group_size: int = 8
     tasks_per_step: int = 8
     control: Optional[str] = None  # null | fixed_image | shuffled_reward (rlkit/controls.py)
+    train_tasks: Optional[int] = None  # null: a fresh training task every draw; N: a fixed pool of N (rlkit/tasks.py)
     env: Any = MISSING
     reward: Any = MISSING
     policy: Any = MISSING
@@ -260,6 +261,8 @@ RANGES: dict[str, Range] = {
     "tasks_per_step": Range(1, integer=True),
     "control": Range(choices=("fixed_image", "shuffled_reward"), none=True,
                      note="null = the real run; a control cannot learn from its observations (rlkit/controls.py)"),
+    "train_tasks": Range(1, integer=True, none=True,
+                         note="null = a fresh training task for every draw; N = a fixed pool of N training tasks"),
     "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
     "algorithm.dynamic_sampling_max_rounds": Range(0, integer=True, note="0 = off"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),

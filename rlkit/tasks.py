@@ -3,6 +3,12 @@
 Training seeds come from a seeded numpy stream over [0, 2**31) that skips every seed of the env's
 evaluation set, so a reported eval success is never on a trained-on task. The sampler's position is
 part of a checkpoint (``state_dict``), so a resumed run draws exactly the tasks it would have drawn.
+
+With ``pool_size`` N (``train_tasks: N`` in conf/train.yaml) the sampler is a fixed training set instead:
+the stream's first N seeds, visited in epochs, each epoch a fresh seeded permutation (a dataset with
+shuffling, as a dataloader over N prompts). A fixed pool shows whether the update can fit the tasks it
+trains on at all (its training success rises towards 1) apart from whether that carries over to the
+evaluation set.
 """
 
 from __future__ import annotations
@@ -20,20 +26,46 @@ class TaskSampler:
     Args:
         seed: stream seed (the run's ``seed``).
         is_eval_seed: predicate from the EnvSpec; True seeds are skipped.
+        pool_size: None: a fresh task for every draw. N >= 1: a fixed pool of N training tasks (the
+            stream's first N seeds), drawn epoch by epoch without replacement, each epoch in a new order
+            seeded by (seed, epoch).
+
+    Raises:
+        ValueError: ``pool_size`` is not None or an int >= 1.
     """
 
-    def __init__(self, seed: int, is_eval_seed: Callable[[int], bool]):
+    def __init__(self, seed: int, is_eval_seed: Callable[[int], bool], pool_size: int | None = None):
+        if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1):
+            raise ValueError(f"train_tasks must be null (fresh tasks) or an int >= 1, got {pool_size!r}")
+        self._seed = seed
         self._rng = np.random.default_rng([seed, 0x7A5C])
         self._is_eval_seed = is_eval_seed
         self.num_drawn = 0
+        self.pool: list[int] | None = None
+        if pool_size is not None:
+            self.pool = self._fresh(pool_size)
 
-    def sample(self, n: int) -> list[int]:
-        """Return the next ``n`` training task seeds (distinct from every evaluation seed)."""
+    def _fresh(self, n: int) -> list[int]:
         out: list[int] = []
         while len(out) < n:
             s = int(self._rng.integers(SEED_SPACE))
             if not self._is_eval_seed(s):
                 out.append(s)
+        return out
+
+    def _from_pool(self, i: int) -> int:
+        """The i-th draw (0-based) from the pool: position i % N of epoch i // N's permutation."""
+        assert self.pool is not None
+        n = len(self.pool)
+        order = np.random.default_rng([self._seed, 0x7A5C, i // n]).permutation(n)
+        return self.pool[int(order[i % n])]
+
+    def sample(self, n: int) -> list[int]:
+        """Return the next ``n`` training task seeds (distinct from every evaluation seed)."""
+        if self.pool is None:
+            out = self._fresh(n)
+        else:
+            out = [self._from_pool(i) for i in range(self.num_drawn, self.num_drawn + n)]
         self.num_drawn += n
         return out
 

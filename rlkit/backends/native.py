@@ -135,7 +135,7 @@ class NativeRun:
         )
         self.greedy = SamplingParams(temperature=self.rollout_cfg.eval_temperature, top_p=1.0, top_k=0,
                                      max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed)
-        self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed)
+        self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
         self._resume()
@@ -470,8 +470,9 @@ class NativeRun:
         t_setup = time.time()
         self.setup()
         self._setup_s = time.time() - t_setup
+        pool = "" if self.sampler.pool is None else f" (from a fixed pool of {len(self.sampler.pool)} training tasks)"
         self.progress.say(f"setup {time.time() - t_setup:.0f}s; {cfg.steps} GRPO steps of {cfg.tasks_per_step} tasks "
-                          f"x {cfg.group_size} samples; eval on {len(self.eval_seeds)} tasks of "
+                          f"x {cfg.group_size} samples{pool}; eval on {len(self.eval_seeds)} tasks of "
                           f"{self.env_spec.eval_set_name}")
         status = "completed"
         try:

@@ -116,6 +116,10 @@ def test_same_training_tasks_as_the_native_sampler():
 
     spec = VisGymMaze(**{k: v for k, v in OmegaConf.to_container(cfg.env).items() if k != "_target_"})
     assert job.train_seeds == TaskSampler(cfg.seed, spec.is_eval_seed).sample(3 * cfg.tasks_per_step)
+    # a fixed training pool (train_tasks=N) gives SkyRL's dataset the same draws: N distinct tasks, repeated
+    cfg, job = _job(["steps=3", "train_tasks=4"])
+    assert job.train_seeds == TaskSampler(cfg.seed, spec.is_eval_seed, pool_size=4).sample(3 * cfg.tasks_per_step)
+    assert len(set(job.train_seeds)) == 4
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ What follows SkyRL's documented config (skyrl/train/config/config.py, utils.vali
 - Batch geometry: ``tasks_per_step`` prompts (``train_batch_size``) x ``group_size`` samples
   (``n_samples_per_prompt``); ``mini_batch_size`` sequences -> ``policy_mini_batch_size`` prompts.
 - Steps: the training dataset holds exactly ``steps * tasks_per_step`` task seeds, one epoch, and
-  ``max_training_steps=steps``. The seeds come from ``rlkit.tasks.TaskSampler(seed, env.is_eval_seed)``,
+  ``max_training_steps=steps``. The seeds come from ``rlkit.tasks.TaskSampler(seed, env.is_eval_seed, train_tasks)``,
   the stream the native backend draws from, so both backends train on the same tasks (SkyRL's
   dataloader shuffles their order with ``trainer.seed``).
 - Intervals: SkyRL evaluates/checkpoints/exports every N steps and at the last step, as rlkit does; an
@@ -215,7 +215,8 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     # --- datasets: training seeds from the native backend's sampler, eval seeds from the env
     from rlkit.tasks import TaskSampler
 
-    train_seeds = TaskSampler(int(cfg.seed), env_spec.is_eval_seed).sample(steps * tasks_per_step)
+    train_seeds = TaskSampler(int(cfg.seed), env_spec.is_eval_seed,
+                              pool_size=cfg.get("train_tasks")).sample(steps * tasks_per_step)
     eval_seeds = list(env_spec.eval_seeds())
     if eval_cfg.num_tasks:
         eval_seeds = eval_seeds[: eval_cfg.num_tasks]
