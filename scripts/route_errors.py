@@ -1,0 +1,77 @@
+"""Where a run's greedy routes go wrong: failed VisGym maze episodes by the kind of their first error.
+
+    python scripts/route_errors.py outputs/<date>/<time>              # every eval/*.json of the run
+    python scripts/route_errors.py outputs/<date>/<time>/eval/final.json
+
+For each evaluation file: how many episodes failed, and of those how many first walked into a wall (the
+picture misread), turned into an open corridor off the route (a planning error), went past the goal,
+or stopped short; with the mean position of that first error (envs/visgym/route_errors.py). The env's
+variant and parser come from the run's .hydra/config.yaml (defaults: easy, plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from envs.visgym.parsers import make_parser  # noqa: E402
+from envs.visgym.route_errors import ERROR_KINDS, first_route_error  # noqa: E402
+
+
+def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:
+    """Counts of first-error kinds over the failed tasks of one eval file, plus unparsed outputs."""
+    parser = make_parser(parser_name)
+    kinds: Counter = Counter()
+    positions: list[int] = []
+    failed = 0
+    for task in eval_json["tasks"]:
+        if task["success"]:
+            continue
+        failed += 1
+        actions: list[int] = []
+        for text in task["actions"]:
+            parsed = parser.parse(text)
+            if parsed is None:
+                kinds["unparsed"] += 1
+                break
+            actions.extend(parsed.actions)
+        else:
+            err = first_route_error(variant, task["seed"], actions)
+            kinds[err.kind] += 1
+            positions.append(err.index)
+    return {"tasks": len(eval_json["tasks"]), "failed": failed, "kinds": dict(kinds),
+            "mean_error_position": sum(positions) / len(positions) if positions else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="a run folder (its eval/*.json) or one eval json")
+    args = ap.parse_args()
+    path = Path(args.path)
+    files = sorted((path / "eval").glob("*.json")) if path.is_dir() else [path]
+    if not files:
+        sys.exit(f"route_errors: no eval/*.json under {path}; give a run folder or an eval json")
+    run_dir = path if path.is_dir() else path.parent.parent
+    variant, parser_name = "easy", "plan"
+    if (run_dir / ".hydra" / "config.yaml").is_file():
+        env = OmegaConf.load(run_dir / ".hydra" / "config.yaml").env
+        variant, parser_name = env.get("variant", variant), env.get("parser", parser_name)
+    cols = [*ERROR_KINDS, "unparsed"]
+    print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  mean error at move")
+    for f in files:
+        s = summarize(json.loads(f.read_text()), variant, parser_name)
+        pos = "-" if s["mean_error_position"] is None else f"{s['mean_error_position']:.1f}"
+        print(f"{f.name:<22} {s['failed']:>4}/{s['tasks']:<4} "
+              + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""envs/visgym/route_errors.py: the first error of a failed maze route, by kind, and its script."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.visgym.gym_env import STOP
+from envs.visgym.maze import generate_maze, solve_moves, step_position
+from envs.visgym.route_errors import first_route_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _maze(seed):
+    maze_map, start, goal = generate_maze(seed, 9)
+    return maze_map, start, solve_moves(maze_map, start, goal)
+
+
+def _positions(maze_map, start, moves):
+    pos, out = start, [start]
+    for m in moves:
+        pos = step_position(maze_map, pos, m)
+        out.append(pos)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 7])
+def test_each_kind_at_its_move(seed):
+    maze_map, start, route = _maze(seed)
+    cells = _positions(maze_map, start, route)
+    # a wall: at the start corner, some direction is blocked (the border at least)
+    blocked = next(d for d in range(4) if step_position(maze_map, start, d) == start)
+    err = first_route_error("easy", seed, [blocked, *route, STOP])
+    assert (err.kind, err.index, err.route_length) == ("wall", 0, len(route))
+    # a wrong turn: the first cell on the route with an open neighbour that is not the next route cell
+    for i, cell in enumerate(cells[:-1]):
+        off = [d for d in range(4) if step_position(maze_map, cell, d) not in (cell, cells[i + 1])
+               and (i == 0 or step_position(maze_map, cell, d) != cells[i - 1])]
+        if off:
+            err = first_route_error("easy", seed, [*route[:i], off[0], *route[i:], STOP])
+            assert (err.kind, err.index) == ("wrong_turn", i)
+            break
+    else:
+        pytest.fail(f"task {seed}: a 9x9 spanning-tree maze without a junction on its route")
+    # on the route to the goal, then one more move instead of stop
+    open_at_goal = next(d for d in range(4) if step_position(maze_map, cells[-1], d) != cells[-1])
+    assert first_route_error("easy", seed, [*route, open_at_goal, STOP]).kind == "past_goal"
+    # stopped three moves in, and a plan that ends without stop
+    err = first_route_error("easy", seed, [*route[:3], STOP])
+    assert (err.kind, err.index) == ("stopped_short", 3)
+    assert first_route_error("easy", seed, route[:5]).index == 5
+
+
+def test_a_solved_route_or_bad_input_is_an_error():
+    _, _, route = _maze(3)
+    with pytest.raises(ValueError, match="no error"):
+        first_route_error("easy", 3, [*route, STOP])
+    with pytest.raises(ValueError, match="0..4"):
+        first_route_error("easy", 3, [9])
+    with pytest.raises(ValueError, match="variant"):
+        first_route_error("medium", 3, [0])
+
+
+def test_script_tables_a_run(tmp_path):
+    maze_map, start, route = _maze(5)
+    words = ["right", "up", "left", "down"]
+    blocked = next(d for d in range(4) if step_position(maze_map, start, d) == start)
+    tasks = [
+        {"seed": 5, "success": False, "actions": [f"<answer>{words[blocked]} stop</answer>"]},
+        {"seed": 6, "success": False, "actions": ["I think left"]},  # not a plan: unparsed
+        {"seed": 7, "success": True, "actions": ["<answer>stop</answer>"]},  # successes are skipped
+    ]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "final.json").write_text(json.dumps({"tasks": tasks}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "route_errors.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    row = out.splitlines()[1].split()
+    assert row[:2] == ["final.json", "2/3"]
+    assert row[2:7] == ["1", "0", "0", "0", "1"]  # wall 1, wrong_turn 0, past_goal 0, stopped_short 0, unparsed 1
