@@ -82,8 +82,8 @@ LORA_REGEX = r".*\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.
 def workload(args) -> dict:
     """The numbers both sides run with (--quick: a small batch for tests)."""
     if args.quick:
-        return dict(tasks=2, group=4, max_new_tokens=8, micro_batch=4, grad_accum=2)
-    return dict(tasks=8, group=8, max_new_tokens=24, micro_batch=16, grad_accum=4)
+        return dict(tasks=2, group=4, max_new_tokens=8, micro_batch=4)
+    return dict(tasks=8, group=8, max_new_tokens=24, micro_batch=16)
 
 
 def task_seeds(n: int, seed: int = 0) -> list[int]:
@@ -163,9 +163,11 @@ def rlkit_worker(args) -> dict:
                                   max_new_tokens=rc.max_new_tokens, n=1, seed=cfg.seed)
     run.sampler = TaskSampler(cfg.seed, run.env_spec.is_eval_seed)
     run.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
+    prof = _Breakdown(run)
 
     steps = []
     for step in range(1, args.steps + 1):
+        prof.reset()
         t0 = time.perf_counter()
         m = run.train_step(step)
         total = time.perf_counter() - t0
@@ -177,6 +179,7 @@ def rlkit_worker(args) -> dict:
             "completion_tokens_mean": m["generate/mean_tokens"], "prompt_tokens": prompt_len,
             "seq_len_mean": m["generate/mean_seq_len"], "threads": torch.get_num_threads(),
             "approx_kl": m.get("policy/approx_kl"), "clip_ratio": m.get("policy/clip_ratio"),
+            "profile": prof.read(m),
         })
         print(f"rlkit {args.dtype} step {step}: {total:.2f} s (generation {steps[-1]['generation_s']:.2f}, "
               f"update {m['timing/train']:.2f}; prompt {prompt_len} tokens, completions {m['generate/mean_tokens']:.1f} "
@@ -193,6 +196,51 @@ def rlkit_worker(args) -> dict:
     }
     res.update(update_flops(run, args))
     return res
+
+
+class _Breakdown:
+    """Where one rlkit step's time goes, from wrappers around the calls train_step makes (a few
+    perf_counter reads per call): the engine's prefill and decode (its own GenerateStats), the rest of
+    the rollout (env reset/step, chat tokens, image processing), the update's logprob forwards (with
+    the loss), its optimizer steps, and the rest of the update (backward, grad-norm clip, scheduler)."""
+
+    def __init__(self, run):
+        self.run = run
+        engine, policy, opt = run.engine, run.policy, run.optimizer
+        gen, logprobs, opt_step = engine.generate, policy.logprobs, opt.step
+
+        def timed_generate(*a, **k):
+            t = time.perf_counter()
+            out = gen(*a, **k)
+            self.t["engine_s"] += time.perf_counter() - t
+            self.t["prefill_s"] += engine.last_stats.prefill_s
+            self.t["decode_s"] += engine.last_stats.decode_s
+            return out
+
+        def timed_logprobs(*a, **k):
+            t = time.perf_counter()
+            out = logprobs(*a, **k)
+            self.t["update_forward_s"] += time.perf_counter() - t
+            return out
+
+        def timed_step(*a, **k):
+            t = time.perf_counter()
+            out = opt_step(*a, **k)
+            self.t["optimizer_s"] += time.perf_counter() - t
+            return out
+
+        engine.generate, policy.logprobs, opt.step = timed_generate, timed_logprobs, timed_step
+        self.reset()
+
+    def reset(self) -> None:
+        self.t = dict.fromkeys(("engine_s", "prefill_s", "decode_s", "update_forward_s", "optimizer_s"), 0.0)
+
+    def read(self, m: dict) -> dict:
+        t = dict(self.t)
+        t["rollout_other_s"] = m["timing/rollout"] - t["engine_s"]
+        t["engine_other_s"] = t["engine_s"] - t["prefill_s"] - t["decode_s"]
+        t["update_backward_etc_s"] = m["timing/train"] - t["update_forward_s"] - t["optimizer_s"]
+        return t
 
 
 def update_flops(run, args) -> dict:
@@ -233,12 +281,16 @@ def trl_config(args, wl: dict, out_dir: str):
     from trl import GRPOConfig
 
     bf16 = args.dtype == "bf16"
+    micro = args.trl_micro_batch or wl["micro_batch"]
+    batch = wl["tasks"] * wl["group"]
+    if batch % micro:
+        raise ValueError(f"--trl-micro-batch {micro} must divide the {batch} completions of a step")
     return GRPOConfig(
         output_dir=out_dir,
         max_steps=args.steps,
-        per_device_train_batch_size=wl["micro_batch"],       # sequences per forward/backward (rlkit: micro_batch_size)
-        gradient_accumulation_steps=wl["grad_accum"],        # micro-batches per optimizer step
-        steps_per_generation=wl["grad_accum"],               # generate 64 completions once per optimizer step
+        per_device_train_batch_size=micro,                   # sequences per forward/backward (rlkit: micro_batch_size)
+        gradient_accumulation_steps=batch // micro,          # micro-batches per optimizer step
+        steps_per_generation=batch // micro,                 # generate all 64 completions once per optimizer step
         num_generations=wl["group"],                         # G
         num_iterations=1,                                    # one update per generation batch (no old-logprob pass)
         max_completion_length=wl["max_new_tokens"],
@@ -393,6 +445,8 @@ def run_side(side: str, dtype: str, args, model_dir: Path, work: Path, tag: str)
            "--model-dir", str(model_dir), "--work-dir", str(work / tag), "--result", str(result)]
     if args.quick:
         cmd.append("--quick")
+    if args.trl_micro_batch:
+        cmd += ["--trl-micro-batch", str(args.trl_micro_batch)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "WANDB_MODE": "disabled",
            "PYTHONPATH": str(ROOT)}
@@ -491,7 +545,7 @@ def orchestrate(args) -> None:
     summary = summarize(results, args.skip)
     lines = report_lines(summary)
     doc = {"summary": summary, "lines": lines, "workload": {**wl, "steps": args.steps, "skip": args.skip,
-           "rounds": args.rounds, "dtypes": dtypes}, "machine": {"platform": platform.platform(),
+           "rounds": args.rounds, "dtypes": dtypes, "trl_micro_batch": args.trl_micro_batch or wl["micro_batch"]}, "machine": {"platform": platform.platform(),
            "cpu_affinity": sorted(os.sched_getaffinity(0)), "nproc": os.cpu_count()},
            "wall_s": time.perf_counter() - t0, "runs": results}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -510,6 +564,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="result JSON (default: <work dir>/bench_vs_trl.json)")
     ap.add_argument("--work-dir", default=None, help="model, logs and per-run JSON (default: a new temp dir)")
     ap.add_argument("--no-trl", action="store_true", help="rlkit's side only")
+    ap.add_argument("--trl-micro-batch", type=int, default=None,
+                    help="TRL's per_device_train_batch_size (default: rlkit's micro-batch, 16; 64 = no accumulation)")
     ap.add_argument("--rlkit-python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
     # worker mode (launched by the orchestrator; usable by hand for one side)
