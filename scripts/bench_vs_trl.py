@@ -20,7 +20,8 @@ language model's linears (q/k/v/o, gate/up/down; not the vision tower, not lm_he
 reward 1.0 when the route stops on the goal (rewards.MazeExit; on TRL's side the same env replays the
 completion); group-normalized advantages; clipped token-mean loss with eps 0.2 / 0.28 (rlkit's GRPO
 defaults; TRL loss_type "dapo"); AdamW lr 1e-3, betas (0.9, 0.999), no weight decay, grad-norm clip 1.0;
-one optimizer step per 64 completions, accumulated over 4 micro-batches of 16 sequences on both sides.
+one optimizer step per 64 completions, accumulated over 4 micro-batches of 16 sequences on both sides
+(``--trl-micro-batch 64``: TRL runs the 64 in one forward/backward instead).
 
 - rlkit: ``rlkit.backends.native.NativeRun.train_step`` itself, on the composed conf/train.yaml
   (its defaults: shared-prefix update, the engine's shared prefill, sampling logprobs as old logprobs),
@@ -38,7 +39,7 @@ one optimizer step per 64 completions, accumulated over 4 micro-batches of 16 se
 
 Runs alternate (per dtype: rlkit, TRL, then TRL, rlkit in the next round, ...); each run is a fresh process
 of --steps steps, the first --skip steps of each run (warm-up) are not counted, and the medians of the other
-steps over all rounds are reported. Per dtype:
+steps over all rounds are reported. Per dtype, after a ``[fp32]`` / ``[bf16]`` line:
 
     rlkit/TRL GRPO step time R (rlkit A s, TRL B s)
     generation ratio g (rlkit a s, TRL b s); update ratio u (rlkit c s, TRL d s)
@@ -47,7 +48,9 @@ and the achieved FLOP/s of rlkit's update against this CPU's measured matmul pea
 (torch.matmul of 2048x2048, 1 thread, best of 5). Update FLOPs: torch.utils.flop_counter.FlopCounterMode
 over one extra grpo_update on the last step's batch (the work as executed: the shared prefix once per
 group, no weight gradients of frozen weights; CPU SDPA attention kernels are not in its table, so attention
-(~5% here) is not counted: a lower bound). Everything goes to a JSON file (--out).
+(~5% here) is not counted: a lower bound). Everything goes to a JSON file (--out), with every step of
+every run and, for rlkit, where each step's time went (``profile``: the engine's prefill and decode, the
+rest of the rollout, the update's logprob forwards, its optimizer steps, and backward + the rest).
 """
 
 from __future__ import annotations
