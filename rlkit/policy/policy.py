@@ -58,7 +58,9 @@ class PolicyConfig:
     tiny: TinyVLSizes of the tiny model (only with path null).
     dtype: "auto" (bfloat16 on CUDA, float32 on CPU) | "float32" | "bfloat16" | "float16".
     device: "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:N".
-    attn_implementation: "sdpa" | "eager" | "flash_attention_2" (needs the flash-attn package).
+    attn_implementation: "sdpa" | "eager" | "flash_attention_2" (needs the flash-attn package). On CPU,
+        "sdpa" runs decode steps (one-token queries) through rlkit.policy.attention instead of the CPU
+        flash kernel, which is slow for one query; every other call is transformers' sdpa.
     seed: seed of the tiny build and of the LoRA init.
     lora: LoraSettings (enabled false = full fine-tuning).
     image_min_pixels / image_max_pixels: override the image processor's resize bounds (pixels);
@@ -391,6 +393,11 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
     except OSError as err:
         raise _hub_error(config.name, ckpt, err) from err
     model.to(device)
+    if device.type == "cpu" and config.attn_implementation == "sdpa":
+        # decode steps (one-token queries) skip the CPU flash kernel, slow for one query; the rest is sdpa
+        from rlkit.policy.attention import register
+
+        model.set_attn_implementation(register())
     if not hasattr(model, "model") or not hasattr(model.model, "get_rope_index"):
         raise PolicyLoadError(f"policy {config.name}: {ckpt} is a {type(model).__name__}, not a Qwen-VL model")
     if config.gradient_checkpointing:
