@@ -1,16 +1,24 @@
-"""Attention for CPU decoding: one-token queries without gradients take a plain matmul-softmax-matmul.
+"""Attention for the tiny policy on CPU: small causal attention as a plain matmul-softmax-matmul.
 
 PyTorch's CPU ``scaled_dot_product_attention`` (transformers' "sdpa" path) runs a flash-attention kernel
-that is slow for a single query row: measured on this project's 2-core CPU, 4.6 ms per layer call in bf16
-against 1.0 ms for the plain product (1.4-2.3 ms in fp32), about half of a bf16 decode step
-(``scripts/bench_vs_trl.py``, README Speed). Decode steps are exactly that case, so on CPU the policy
-registers ``rlkit_sdpa``: decode queries (query length 1, no autograd) take the plain path, computed in
-float32 (so bf16 inputs lose nothing to it); everything else (prefill, the update's forwards, the vision
-tower) calls transformers' own "sdpa" function unchanged. Masks are built as for "sdpa".
+that is slow for the short query blocks of this project's workloads. Measured on this project's 2-core
+CPU in bf16 (1 thread): a one-token decode query took 4.6 ms per layer call against 1.0 ms for the plain
+product (1.4-2.3 ms in fp32), about half of a decode step; in the GRPO update (issue 15's workload, the
+completions attending to their group's shared prompt) the kernel's forward and backward were a quarter of
+the update's time (``scripts/bench_vs_trl.py``, README Speed).
+
+So on CPU the policy registers ``rlkit_sdpa``: a causal self-attention call (the language model's; the
+vision tower is not causal) whose score matrix is small (queries x keys <= ``MAX_SCORES`` per head)
+runs as ``softmax(q k^T * scale + mask) v``, with autograd when training: the two products in the
+inputs' dtype and the softmax in float32, as transformers' "eager" attention computes it. Everything
+else (long sequences, where the score matrices the backward keeps grow with the square of the length;
+the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
+"sdpa"; without one, causality follows ``scaled_dot_product_attention(is_causal=True)`` (query i sees
+keys 0..i).
 
 Registered through transformers' documented extension points (``AttentionInterface.register`` and
-``AttentionMaskInterface.register``, transformers "Attention Interface" docs); nothing of transformers'
-own "sdpa" entry is replaced, so other models in the process are untouched.
+``AttentionMaskInterface.register``, transformers "Attention Interface" docs); transformers' own "sdpa"
+entry is not replaced, so other models in the process are untouched.
 """
 
 from __future__ import annotations
@@ -19,35 +27,50 @@ import torch
 
 NAME = "rlkit_sdpa"
 
+#: Largest queries x keys per head that take the plain path: the update's completions against their
+#: shared prompt (~25 x 185), a 212-token warm-start demonstration (212 x 212) and decode steps fit; a
+#: 6-turn episode's update (~1,185 x 1,185) goes to the flash kernel.
+MAX_SCORES = 256 * 256
 
-def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+#: Score of a masked key: the float32 minimum, not -inf, so that a query with every key masked (a padding
+#: position) gets finite, ignored outputs instead of NaN, which would reach other rows through 0 * NaN.
+_MASKED = torch.finfo(torch.float32).min
+
+
+def small_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers attention function (``AttentionInterface`` signature).
 
     Args:
         query: [B, H, Q, D]; key, value: [B, KVH, L, D] (grouped-query: H a multiple of KVH).
         attention_mask: None, bool [B, 1, Q, L] (True = attend) or additive float [B, 1, Q, L].
         scaling: softmax scale (default D ** -0.5).
+        is_causal: None = the module's ``is_causal``; only used when ``attention_mask`` is None and Q > 1.
 
     Returns:
-        (output [B, Q, H, D] in ``value``'s dtype, None), as transformers' sdpa_attention_forward.
-        Queries longer than one token, or any call with autograd on, or dropout, are passed to
-        transformers' "sdpa" function with the same arguments.
+        (output [B, Q, H, D] in ``value``'s dtype, None), as transformers' ``sdpa_attention_forward``,
+        which takes every call that is not causal, has dropout, or has Q x L > ``MAX_SCORES``.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.shape[2] != 1 or torch.is_grad_enabled() or dropout:
+    b, h, q_len, d = query.shape
+    kvh, length = key.shape[1], key.shape[2]
+    causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
+    if dropout or not causal or q_len * length > MAX_SCORES:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    b, h, _, d = query.shape
-    kvh, length = key.shape[1], key.shape[2]
-    q = query.reshape(b, kvh, h // kvh, d).float()  # [B, KVH, G, D]: the G query heads sharing one KV head
-    scores = (q @ key.float().transpose(-1, -2)) * (scaling if scaling is not None else d**-0.5)  # [B, KVH, G, L]
+    q = query.reshape(b, kvh, h // kvh * q_len, d)  # [B, KVH, G*Q, D]: the G query heads of a KV head
+    scores = (q @ key.transpose(-1, -2)).float() * (scaling if scaling is not None else d**-0.5)
+    scores = scores.view(b, kvh, h // kvh, q_len, length)  # [B, KVH, G, Q, L]
     if attention_mask is not None:
-        mask = attention_mask[:, :, -1:, :length]  # [B, 1, 1, L]
-        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
-                  else scores + mask.float())
-    out = torch.softmax(scores, dim=-1) @ value.float()  # [B, KVH, G, D]
-    return out.to(value.dtype).reshape(b, h, 1, d).transpose(1, 2).contiguous(), None  # [B, 1, H, D]
+        mask = attention_mask[:, :, -q_len:, :length].unsqueeze(1)  # [B, 1, 1, Q, L]
+        scores = (scores.masked_fill(~mask, _MASKED) if mask.dtype == torch.bool
+                  else scores + mask.float().clamp(min=_MASKED))
+    elif causal and q_len > 1:
+        visible = torch.ones(q_len, length, dtype=torch.bool, device=scores.device).tril()  # as SDPA's is_causal
+        scores = scores.masked_fill(~visible, _MASKED)
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, h // kvh * q_len, length)
+    out = (probs @ value).view(b, h, q_len, d)  # [B, H, Q, D]
+    return out.to(value.dtype).transpose(1, 2).contiguous(), None  # [B, Q, H, D]
 
 
 def register() -> str:
@@ -56,6 +79,6 @@ def register() -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionInterface.register(NAME, decode_attention)
+        AttentionInterface.register(NAME, small_attention)
         AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME

@@ -21,6 +21,13 @@ def _batch(policy):
     return PromptInput(tt.input_ids, **policy.chat.concat_images(tt.image_inputs))
 
 
+def _hf_base(path):
+    """The base model as transformers loads it, with the attention the CPU policy runs (rlkit.policy.attention)."""
+    from rlkit.policy.attention import register
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(path, attn_implementation=register())
+
+
 def _logits(model, policy, prompt):
     from rlkit.policy.logprobs import sequence_batch
 
@@ -58,10 +65,15 @@ def test_adapter_roundtrip_into_fresh_base(make_policy, tiny_dir, tmp_path):
     assert info.version == 7 and info.num_tensors == 2 * 7 * 2  # A and B x 7 linears x 2 layers
     cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and "lm_head" not in cfg["target_modules"]
-    base = Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir)
-    fresh = PeftModel.from_pretrained(base, tmp_path / "adapter")
+    from rlkit.policy.attention import register
+
     prompt = _batch(policy)
-    assert torch.equal(_logits(policy.model, policy, prompt), _logits(fresh, policy, prompt))
+    ours = _logits(policy.model, policy, prompt)
+    # bitwise with the attention the CPU policy runs (rlkit_sdpa), within rounding with transformers' sdpa
+    for attn, exact in ((register(), True), ("sdpa", False)):
+        base = Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir, attn_implementation=attn)
+        fresh = _logits(PeftModel.from_pretrained(base, tmp_path / "adapter"), policy, prompt)
+        assert torch.equal(ours, fresh) if exact else torch.allclose(ours, fresh, atol=1e-5)
 
 
 def test_hot_swap_changes_logits_and_matches_fresh_load(make_policy, tiny_dir, tmp_path):
@@ -75,7 +87,7 @@ def test_hot_swap_changes_logits_and_matches_fresh_load(make_policy, tiny_dir, t
     assert info.version == 1 and info.sha256 == read_adapter_info(tmp_path / "v1").sha256
     assert not torch.allclose(before, after)
     assert torch.equal(after, _logits(trainer.model, trainer, prompt))
-    fresh = PeftModel.from_pretrained(Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir), tmp_path / "v1")
+    fresh = PeftModel.from_pretrained(_hf_base(tiny_dir), tmp_path / "v1")
     assert torch.equal(after, _logits(fresh, trainer, prompt))
     # a second version replaces the first in place
     perturb_lora(trainer.model, seed=3)
@@ -104,7 +116,7 @@ def test_reference_is_base_model(make_policy, tiny_dir):
     policy = make_policy()
     perturb_lora(policy.model, seed=4)
     prompt = _batch(policy)
-    base = Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir)
+    base = _hf_base(tiny_dir)
     with policy.reference() as ref:
         ref_logits = _logits(ref, policy, prompt)
     assert torch.equal(ref_logits, _logits(base, policy, prompt))
