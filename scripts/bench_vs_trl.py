@@ -133,8 +133,6 @@ def rlkit_worker(args) -> dict:
     from rlkit.tasks import TaskSampler
 
     torch.set_num_threads(1)
-    if args.rlkit_experiment == "decode_attention":
-        patch_decode_attention()
     wl = workload(args)
     out = Path(args.work_dir)
     overrides = [
@@ -201,33 +199,6 @@ def rlkit_worker(args) -> dict:
     }
     res.update(update_flops(run, args))
     return res
-
-
-def patch_decode_attention() -> None:
-    """EXPERIMENT, not rlkit's behaviour (--rlkit-experiment decode_attention): one-token queries without
-    gradients (decode steps) take a plain matmul-softmax-matmul in float32 instead of the CPU
-    flash-attention kernel of transformers' "sdpa" path, which is slow for a single query in bf16
-    (README, Speed). Everything else (prefill, the update's forwards) runs the original function."""
-    import torch
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    orig = ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
-        if query.shape[2] != 1 or torch.is_grad_enabled():
-            return orig(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                        is_causal=is_causal, **kw)
-        b, h, _, d = query.shape
-        kvh = key.shape[1]
-        q = query.reshape(b, kvh, h // kvh, d).float()  # [B, KVH, G, D]: the G query heads of each KV head
-        scores = q @ key.float().transpose(-1, -2) * (scaling if scaling is not None else d**-0.5)  # [B, KVH, G, L]
-        if attention_mask is not None:
-            m = attention_mask[:, :, -1:, : key.shape[2]]  # [B, 1, 1, L]
-            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
-        out = torch.softmax(scores, -1) @ value.float()  # [B, KVH, G, D]
-        return out.to(value.dtype).reshape(b, h, 1, d).transpose(1, 2).contiguous(), None  # [B, 1, H, D]
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = attention
 
 
 class _Breakdown:
@@ -479,8 +450,6 @@ def run_side(side: str, dtype: str, args, model_dir: Path, work: Path, tag: str)
         cmd.append("--quick")
     if args.trl_micro_batch:
         cmd += ["--trl-micro-batch", str(args.trl_micro_batch)]
-    if args.rlkit_experiment:
-        cmd += ["--rlkit-experiment", args.rlkit_experiment]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "WANDB_MODE": "disabled",
            "PYTHONPATH": str(ROOT)}
@@ -578,12 +547,8 @@ def orchestrate(args) -> None:
                 results[dtype][side].append(run_side(side, dtype, args, model_dir, work, f"{dtype}_r{r}_{side}"))
     summary = summarize(results, args.skip)
     lines = report_lines(summary)
-    if args.rlkit_experiment:
-        lines.insert(0, f"(EXPERIMENT: rlkit's side patched with --rlkit-experiment {args.rlkit_experiment}; "
-                        "not rlkit as it ships)")
     doc = {"summary": summary, "lines": lines, "workload": {**wl, "steps": args.steps, "skip": args.skip,
-           "rounds": args.rounds, "dtypes": dtypes, "trl_micro_batch": args.trl_micro_batch or wl["micro_batch"],
-           "rlkit_experiment": args.rlkit_experiment}, "machine": {"platform": platform.platform(),
+           "rounds": args.rounds, "dtypes": dtypes, "trl_micro_batch": args.trl_micro_batch or wl["micro_batch"]}, "machine": {"platform": platform.platform(),
            "cpu_affinity": sorted(os.sched_getaffinity(0)), "nproc": os.cpu_count()},
            "wall_s": time.perf_counter() - t0, "runs": results}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -606,8 +571,6 @@ def main() -> None:
                     help="TRL's per_device_train_batch_size (default: rlkit's micro-batch, 16; 64 = no accumulation)")
     ap.add_argument("--rlkit-python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
-    ap.add_argument("--rlkit-experiment", choices=["decode_attention"], default=None,
-                    help="EXPERIMENT (not rlkit as it ships): patch rlkit's side, see patch_decode_attention")
     # worker mode (launched by the orchestrator; usable by hand for one side)
     ap.add_argument("--worker", choices=["rlkit", "trl"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", choices=list(DTYPES), default="fp32", help=argparse.SUPPRESS)

@@ -71,30 +71,3 @@ def test_whole_bench_quick(tmp_path):
         assert trl["grpo_config"]["beta"] == 0.0 and trl["grpo_config"]["num_iterations"] == 1
         s = doc["summary"][dtype]
         assert s["ratio_step"] == pytest.approx(s["rlkit"]["total_s"] / s["trl"]["total_s"])
-
-
-def test_decode_attention_experiment_matches_sdpa(monkeypatch):
-    """--rlkit-experiment decode_attention: the same attention output as transformers' sdpa for one-token
-    queries (GQA, padding mask), and the original function for everything else."""
-    import torch
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    sys.path.insert(0, str(ROOT))
-    from scripts.bench_vs_trl import patch_decode_attention
-
-    orig = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", orig)  # restored after the test
-    patch_decode_attention()
-    patched = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    assert patched is not orig
-    module = torch.nn.Module()
-    module.num_key_value_groups, module.is_causal = 2, True
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(3, h, 1 if i == 0 else 7, 16, generator=g) for i, h in enumerate((4, 2, 2)))
-    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
-    mask[0, ..., :2] = False  # a left-padded row
-    with torch.no_grad():
-        for m in (mask, None):
-            want, _ = orig(module, q, k, v, m, scaling=0.25)
-            got, _ = patched(module, q, k, v, m, scaling=0.25)
-            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
