@@ -42,6 +42,7 @@ class TaskSampler:
         self._is_eval_seed = is_eval_seed
         self.num_drawn = 0
         self.pool: list[int] | None = None
+        self._epoch_order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation of the pool)
         if pool_size is not None:
             self.pool = self._fresh(pool_size)
 
@@ -57,8 +58,9 @@ class TaskSampler:
         """The i-th draw (0-based) from the pool: position i % N of epoch i // N's permutation."""
         assert self.pool is not None
         n = len(self.pool)
-        order = np.random.default_rng([self._seed, 0x7A5C, i // n]).permutation(n)
-        return self.pool[int(order[i % n])]
+        if self._epoch_order is None or self._epoch_order[0] != i // n:
+            self._epoch_order = (i // n, np.random.default_rng([self._seed, 0x7A5C, i // n]).permutation(n))
+        return self.pool[int(self._epoch_order[1][i % n])]
 
     def sample(self, n: int) -> list[int]:
         """Return the next ``n`` training task seeds (distinct from every evaluation seed)."""

@@ -59,8 +59,9 @@ class PolicyConfig:
     dtype: "auto" (bfloat16 on CUDA, float32 on CPU) | "float32" | "bfloat16" | "float16".
     device: "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:N".
     attn_implementation: "sdpa" | "eager" | "flash_attention_2" (needs the flash-attn package). On CPU,
-        "sdpa" runs decode steps (one-token queries) through rlkit.policy.attention instead of the CPU
-        flash kernel, which is slow for one query; every other call is transformers' sdpa.
+        "sdpa" runs the language model's small causal attention calls (decode steps, short prompts and
+        completions, at most 256 x 256 scores a head) as a plain matmul-softmax-matmul
+        (rlkit.policy.attention), which is faster there than the CPU flash kernel; the rest is sdpa.
     seed: seed of the tiny build and of the LoRA init.
     lora: LoraSettings (enabled false = full fine-tuning).
     image_min_pixels / image_max_pixels: override the image processor's resize bounds (pixels);
@@ -394,7 +395,7 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
         raise _hub_error(config.name, ckpt, err) from err
     model.to(device)
     if device.type == "cpu" and config.attn_implementation == "sdpa":
-        # decode steps (one-token queries) skip the CPU flash kernel, slow for one query; the rest is sdpa
+        # small causal attention calls skip the CPU flash kernel, slow for short query blocks; the rest is sdpa
         from rlkit.policy.attention import register
 
         model.set_attn_implementation(register())
