@@ -55,9 +55,10 @@ PROMPT = (
 )
 
 
-def matmul_peak(n: int = 2048, reps: int = 5) -> float:
-    """fp32 matmul FLOP/s (best of ``reps``) at the current torch thread count."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(n: int = 2048, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """``torch.matmul`` FLOP/s of two n x n matrices in ``dtype`` (best of ``reps``) at the current torch
+    thread count."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.matmul(a, b)
     best = float("inf")
     for _ in range(reps):

@@ -40,12 +40,7 @@ from rlkit.rollout import Trajectory  # noqa: E402
 from rlkit.update import grpo_update  # noqa: E402
 from scripts.bench_policy import PROMPT, SYSTEM, maze_image  # noqa: E402
 
-#: issue 15's measured workload (159-token prompt with 49 image tokens of a 224x224 image, patch 16).
-ISSUE15_SIZES = dict(
-    text_hidden=256, text_layers=4, text_heads=4, text_kv_heads=2, head_dim=64, text_intermediate=768,
-    vision_hidden=128, vision_depth=2, vision_heads=2, vision_intermediate=256, patch_size=16,
-    image_min_pixels=224 * 224, image_max_pixels=224 * 224,
-)
+from scripts.bench_sizes import ISSUE15_SIZES  # noqa: E402
 
 
 def build_policy(args):

@@ -11,7 +11,7 @@ pinned to one torch thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), CPU on
 to one core with ``taskset`` on a shared machine.
 
 Workload (issue 15's): a tiny Qwen3-VL built offline with random weights (rlkit.policy.tiny: text 256 wide
-x 4 layers, head_dim 64; vision 128 x 2, patch 16: ``scripts/bench_update.py``'s ISSUE15_SIZES), saved with
+x 4 layers, head_dim 64; vision 128 x 2, patch 16: ``scripts/bench_sizes.py``'s ISSUE15_SIZES), saved with
 save_pretrained (model, tokenizer, image processor, chat template) and loaded from that folder by both
 sides. VisGym maze_2d/easy in plan mode (conf/env/visgym.yaml): system prompt + one 225x225 maze image
 (49 image tokens) + text = a 159-token prompt; 8 tasks x 8 samples (G=8) a step, the same training mazes
@@ -47,8 +47,8 @@ steps over all rounds are reported. Per dtype, after a ``[fp32]`` / ``[bf16]`` l
 and the achieved FLOP/s of rlkit's update against this CPU's measured matmul peak in that dtype
 (torch.matmul of 2048x2048, 1 thread, best of 5). Update FLOPs: torch.utils.flop_counter.FlopCounterMode
 over one extra grpo_update on the last step's batch (the work as executed: the shared prefix once per
-group, no weight gradients of frozen weights; CPU SDPA attention kernels are not in its table, so attention
-(~5% here) is not counted: a lower bound). Everything goes to a JSON file (--out), with every step of
+group, no weight gradients of frozen weights; attention is counted where rlkit_sdpa runs it as matmuls,
+which on this workload is every call; the CPU flash kernel is not in the counter's table). Everything goes to a JSON file (--out), with every step of
 every run and, for rlkit, where each step's time went (``profile``: the engine's prefill and decode, the
 rest of the rollout, the update's logprob forwards, its optimizer steps, and backward + the rest).
 """
@@ -69,13 +69,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: issue 15's sizes (the same numbers as scripts/bench_update.py's ISSUE15_SIZES; kept here so the TRL
-#: worker does not import the benchmark scripts' torch-heavy modules before it sets its thread count).
-ISSUE15_SIZES = dict(
-    text_hidden=256, text_layers=4, text_heads=4, text_kv_heads=2, head_dim=64, text_intermediate=768,
-    vision_hidden=128, vision_depth=2, vision_heads=2, vision_intermediate=256, patch_size=16,
-    image_min_pixels=224 * 224, image_max_pixels=224 * 224,
-)
+from scripts.bench_sizes import ISSUE15_SIZES  # noqa: E402  (torch-free)
+
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 #: LoRA targets on TRL's side: the language model's linears, as rlkit's "all-linear" resolves them
 #: (rlkit.policy.lora.resolve_target_modules; the trainable parameter counts are compared in the JSON).
@@ -253,6 +248,7 @@ def update_flops(run, args) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from rlkit.update import grpo_update
+    from scripts.bench_policy import matmul_peak
 
     trajs, adv = run.last_batch
     opt = torch.optim.SGD(run.policy.trainable_parameters(), lr=0.0)
@@ -260,22 +256,9 @@ def update_flops(run, args) -> dict:
         grpo_update(run.policy, opt, trajs, adv, run.algo, temperature=1.0, generator=torch.Generator().manual_seed(0))
     flops = fc.get_total_flops()
     return {"update_flops": float(flops), "update_flops_method": "torch.utils.flop_counter.FlopCounterMode, one "
-            "grpo_update on the last step's batch (CPU SDPA attention not counted)",
-            "matmul_peak_flops": matmul_peak(getattr(torch, DTYPES[args.dtype]))}
-
-
-def matmul_peak(dtype, n: int = 2048, reps: int = 5) -> float:
-    """torch.matmul FLOP/s of two n x n matrices in ``dtype`` at the current thread count (best of reps)."""
-    import torch
-
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+            "grpo_update on the last step's batch (attention counted where rlkit_sdpa runs it as matmuls; "
+            "calls left to the CPU flash kernel are not)",
+            "matmul_peak_flops": matmul_peak(dtype=getattr(torch, DTYPES[args.dtype]))}
 
 
 # ----------------------------------------------------------------------------------------------- TRL side
