@@ -48,8 +48,9 @@ and the achieved FLOP/s of rlkit's update against this CPU's measured matmul pea
 (torch.matmul of 2048x2048, 1 thread, best of 5). Update FLOPs: torch.utils.flop_counter.FlopCounterMode
 over one extra grpo_update on the last step's batch (the work as executed: the shared prefix once per
 group, no weight gradients of frozen weights; attention is counted where rlkit_sdpa runs it as matmuls,
-which on this workload is every call; the CPU flash kernel is not in the counter's table). Everything goes to a JSON file (--out), with every step of
-every run and, for rlkit, where each step's time went (``profile``: the engine's prefill and decode, the
+which on this workload is every call; the CPU flash kernel is not in the counter's table). TRL's side runs
+transformers' "sdpa" attention as TRL ships it. Everything goes to a JSON file (--out), with every step
+of every run and, for rlkit, where each step's time went (``profile``: the engine's prefill and decode, the
 rest of the rollout, the update's logprob forwards, its optimizer steps, and backward + the rest).
 """
 
