@@ -24,6 +24,7 @@ entry is not replaced, so other models in the process are untouched.
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "rlkit_sdpa"
 
@@ -50,8 +51,6 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         (output [B, Q, H, D] in ``value``'s dtype, None), as transformers' ``sdpa_attention_forward``,
         which takes every call that is not causal, has dropout, or has Q x L > ``MAX_SCORES``.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     b, h, q_len, d = query.shape
     kvh, length = key.shape[1], key.shape[2]
     causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
@@ -70,7 +69,7 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         scores = scores.masked_fill(~visible, _MASKED)
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, h // kvh * q_len, length)
     out = (probs @ value).view(b, h, q_len, d)  # [B, H, Q, D]
-    return out.to(value.dtype).transpose(1, 2).contiguous(), None  # [B, Q, H, D]
+    return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], value's dtype
 
 
 def register() -> str:

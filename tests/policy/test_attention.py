@@ -85,11 +85,11 @@ def test_training_block_and_gradients_equal_sdpa(shape):
 
 
 def test_what_goes_to_sdpa(monkeypatch):
-    import transformers.integrations.sdpa_attention as sdpa_mod
+    import rlkit.policy.attention as attention_mod
 
     calls = []
-    real = sdpa_mod.sdpa_attention_forward
-    monkeypatch.setattr(sdpa_mod, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = attention_mod.sdpa_attention_forward
+    monkeypatch.setattr(attention_mod, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     q, k, v = _qkv(1, 2, 2, 4, 4, 8, torch.float32)
     small_attention(_Attn(1), q, k, v, None)
     assert calls == []  # a small causal block: the plain product
