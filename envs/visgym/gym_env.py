@@ -40,6 +40,7 @@ N_ACTIONS = 5
 GYM_IDS: dict[str, str] = {
     "easy": "rlkit/Maze2D-easy-v0",
     "hard": "rlkit/Maze2D-hard-v0",
+    "small": "rlkit/Maze2D-small-v0",
 }
 
 
@@ -47,7 +48,8 @@ class MazeEnv(gym.Env):
     """VisGym maze_2d as a gymnasium env with image observations and ``Discrete(5)`` actions.
 
     Args:
-        variant: "easy" (9x9 grid) or "hard" (11x11 grid), as upstream maze_2d/easy|hard.
+        variant: "easy" (9x9 grid) or "hard" (11x11 grid), as upstream maze_2d/easy|hard, or "small"
+            (7x7 grid, rlkit's own, the same generator).
         cell_size: pixels per cell side in the observation image (default 25, as upstream).
         render_mode: None or "rgb_array" (``render()`` returns the observation image).
 
@@ -158,7 +160,7 @@ class MazeEnv(gym.Env):
 
 
 def register_gymnasium() -> None:
-    """Register ``rlkit/Maze2D-easy-v0`` and ``rlkit/Maze2D-hard-v0`` with gymnasium (idempotent)."""
+    """Register ``rlkit/Maze2D-easy-v0``, ``-hard-v0`` and ``-small-v0`` with gymnasium (idempotent)."""
     for variant, env_id in GYM_IDS.items():
         if env_id not in gym.registry:
             gym.register(

@@ -2,7 +2,10 @@
 
 Reproduces the upstream VisGym ``maze_2d`` task layouts exactly (checked against layouts recorded
 from upstream ``reset(seed=s)``, see tests/envs). A maze is a square grid with a wall border:
-``maze_2d/easy`` is 9x9 cells, ``maze_2d/hard`` 11x11. ``maze_map[row, col]`` is 1 for a wall and 0
+``maze_2d/easy`` is 9x9 cells, ``maze_2d/hard`` 11x11. ``small`` (7x7, a 3x3 tree of corridor nodes) is
+rlkit's own variant from the same generator, for fast CPU experiments; it has 768 distinct layouts
+(192 spanning trees x 4 corner pairs), so held-out sets must be kept apart by layout, not by seed
+(``layout_key``). ``maze_map[row, col]`` is 1 for a wall and 0
 for a free cell; positions are ``(row, col)`` with row 0 at the top.
 
 Generation (upstream order of random draws, which is what makes the layouts identical):
@@ -23,7 +26,7 @@ from collections import deque
 import numpy as np
 
 #: Grid side length (cells, wall border included) per upstream variant.
-VARIANT_SIZES: dict[str, int] = {"easy": 9, "hard": 11}
+VARIANT_SIZES: dict[str, int] = {"easy": 9, "hard": 11, "small": 7}
 
 #: Action direction -> (d_row, d_col). Upstream action numbering: 0 right, 1 up, 2 left, 3 down.
 MOVE_DELTAS: tuple[tuple[int, int], ...] = ((0, 1), (-1, 0), (0, -1), (1, 0))
@@ -82,14 +85,15 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
     Args:
         seed: task seed (any int accepted by ``numpy.random.default_rng``), as in upstream
             ``env.reset(seed=seed)``.
-        size: grid side length in cells, wall border included: 9 (maze_2d/easy) or 11 (maze_2d/hard).
+        size: grid side length in cells, wall border included: 9 (maze_2d/easy), 11 (maze_2d/hard) or
+            7 (rlkit's ``small``: the same generator on a 5x5 inner grid).
 
     Returns:
         ``(maze_map, start, goal)``: ``maze_map`` int64 [size, size], 1 wall / 0 free;
         ``start`` (agent) and ``goal`` (target) as ``(row, col)`` tuples of free cells.
 
     Raises:
-        ValueError: ``size`` is not 9 or 11.
+        ValueError: ``size`` is not 7, 9 or 11.
 
     Source: upstream VisGym maze_2d. ``rng = numpy.random.default_rng(seed)`` seeds a
     ``random.Random(int(rng.integers(2**32)))`` that drives Wilson's algorithm on the inner
@@ -98,7 +102,7 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
     """
     if size not in VARIANT_SIZES.values():
         raise ValueError(
-            f"maze size must be 9 (maze_2d/easy) or 11 (maze_2d/hard), got {size!r}"
+            f"maze size must be 7 (small), 9 (maze_2d/easy) or 11 (maze_2d/hard), got {size!r}"
         )
     rng = np.random.default_rng(seed)
     py = random.Random(int(rng.integers(2**32)))
@@ -119,6 +123,21 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
     )
     start, goal = pairs[int(rng.integers(0, 4))]
     return maze_map, start, goal
+
+
+def layout_key(seed: int, size: int) -> bytes:
+    """What makes task ``seed`` the task it is: its walls, start and goal, as bytes.
+
+    Two seeds with the same key are the same maze (same picture, same solution). Small grids repeat
+    layouts often (7x7: 768 distinct layouts), and even 9x9 does over a long run (401,408 layouts:
+    a 25,600-maze warm start draws about 4 of 64 given layouts on average), so evaluation sets exclude training
+    seeds by this key, not by seed number.
+
+    Raises:
+        ValueError: as ``generate_maze``.
+    """
+    maze_map, start, goal = generate_maze(seed, size)
+    return maze_map.astype(np.uint8).tobytes() + bytes((*start, *goal))
 
 
 def step_position(maze_map: np.ndarray, pos: Pos, direction: int) -> Pos:

@@ -1,9 +1,12 @@
 """``VisGymMaze``: the EnvSpec that conf/env/visgym*.yaml instantiates, and the fixed eval sets.
 
 Evaluation sets are named, versioned objects: ``visgym_easy_64`` (maze_2d/easy seeds 0..63, the
-upstream VisGym evaluation set) and ``visgym_hard_64`` (maze_2d/hard seeds 0..63). Training must
-never see them: ``is_eval_seed`` says which seeds to skip and ``train_seed_stream`` yields a seeded
-stream of training seeds that already skips them.
+upstream VisGym evaluation set), ``visgym_hard_64`` (maze_2d/hard seeds 0..63) and ``visgym_small_64``
+(rlkit's 7x7 variant: the first 64 seeds with pairwise distinct layouts). Training must never see
+them: ``is_eval_seed`` says which seeds to skip and ``train_seed_stream`` yields a seeded stream of
+training seeds that already skips them. Both compare layouts (walls, start and goal;
+``maze.layout_key``), not only seed numbers: another seed can draw an evaluation maze again (a 9x9
+warm start of 25,600 mazes drew eval mazes 40 and 20 before this check; 7x7 has only 768 layouts).
 
 Step budgets on the eval sets (shortest path + 1 stop): easy needs 13 turns (50 mazes) or 17 turns
 (14 mazes), so 15 turns admit 50/64 and 18 turns all 64; hard needs 17 to 33 turns (30 turns,
@@ -20,48 +23,85 @@ from PIL import Image
 
 from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import VARIANT_SIZES
+from envs.visgym.maze import VARIANT_SIZES, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
 
 IMPLS = ("native", "upstream")
+UPSTREAM_VARIANTS = ("easy", "hard")
 
 
 @dataclass(frozen=True)
 class EvalSet:
     """A fixed evaluation set: ``name`` (for logs and result files), ``version``, the maze
-    ``variant`` and its task ``seeds``. A change of content must bump the version."""
+    ``variant`` and its task ``seeds``. A change of content must bump the version.
+
+    ``seed in eval_set`` is membership by seed number; ``eval_set.holds_layout_of(seed)`` also
+    catches a different seed that draws one of the set's mazes (what training must skip)."""
 
     name: str
     version: int
     variant: str
     seeds: tuple[int, ...]
     _seed_set: frozenset = field(init=False, repr=False, compare=False)
+    _layouts: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_seed_set", frozenset(self.seeds))
+        object.__setattr__(self, "_layouts", {})  # filled on first use: {layout_key: eval seed}
 
     def __contains__(self, seed: object) -> bool:
         return seed in self._seed_set
+
+    def layouts(self) -> dict[bytes, int]:
+        """``{layout_key: seed}`` of the set's mazes (computed once, ~1 ms a maze)."""
+        if not self._layouts:
+            size = VARIANT_SIZES[self.variant]
+            self._layouts.update({layout_key(s, size): s for s in self.seeds})
+        return self._layouts
+
+    def holds_layout_of(self, seed: int) -> bool:
+        """True if task ``seed`` is one of the set's seeds or draws the same maze as one of them
+        (a negative or non-integer seed draws no maze: only its number is compared)."""
+        if seed in self._seed_set:
+            return True
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            return False
+        return layout_key(int(seed), VARIANT_SIZES[self.variant]) in self.layouts()
+
+
+def first_distinct_layouts(variant: str, n: int) -> tuple[int, ...]:
+    """The first ``n`` seeds from 0 up whose layouts are pairwise distinct (a fixed eval set for a
+    variant with few layouts)."""
+    size, seen, out = VARIANT_SIZES[variant], set(), []
+    s = 0
+    while len(out) < n:
+        k = layout_key(s, size)
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+        s += 1
+    return tuple(out)
 
 
 EVAL_SETS: dict[str, EvalSet] = {
     "visgym_easy_64": EvalSet("visgym_easy_64", 1, "easy", tuple(range(64))),
     "visgym_hard_64": EvalSet("visgym_hard_64", 1, "hard", tuple(range(64))),
+    "visgym_small_64": EvalSet("visgym_small_64", 1, "small", first_distinct_layouts("small", 64)),
 }
 
-_EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64"}
+_EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64", "small": "visgym_small_64"}
 
 
 def train_seed_stream(seed: int, eval_set: EvalSet) -> Iterator[int]:
     """Endless stream of training task seeds in [0, 2**31 - 1), reproducible from ``seed``,
-    skipping the seeds of ``eval_set``."""
+    skipping the seeds of ``eval_set`` and every seed that draws one of its mazes."""
     rng = np.random.default_rng(seed)
     while True:
         s = int(rng.integers(0, 2**31 - 1))
-        if s not in eval_set:
+        if not eval_set.holds_layout_of(s):
             yield s
 
 
@@ -69,7 +109,8 @@ class VisGymMaze:
     """EnvSpec for VisGym maze_2d (``rlkit.types.EnvSpec``); every argument is a config key.
 
     Args:
-        variant: "easy" (9x9, maze_2d/easy) or "hard" (11x11, maze_2d/hard).
+        variant: "easy" (9x9, maze_2d/easy), "hard" (11x11, maze_2d/hard) or "small" (7x7, rlkit's own:
+            the same generator, routes of 8-16 moves; native impl only).
         mode: "interactive" (one action per turn) or "plan" (one turn, whole route).
         max_turns: interactive: policy turns per episode (default 18: admits all 64 easy eval
             mazes). plan: the action budget of the single plan (stop included); the policy gets
@@ -113,6 +154,11 @@ class VisGymMaze:
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if impl == "upstream":
+            if variant not in UPSTREAM_VARIANTS:
+                raise ValueError(
+                    f"env.variant={variant!r} exists only in rlkit (impl=native); upstream VisGym has "
+                    f"{sorted(UPSTREAM_VARIANTS)}"
+                )
             if cell_size != DEFAULT_CELL_SIZE:
                 raise ValueError(
                     f"env.cell_size={cell_size} cannot be honoured with impl=upstream "
@@ -146,12 +192,12 @@ class VisGymMaze:
         return MazeEpisode(env, mode=self.mode, parser=self.parser, budget=self.action_budget)
 
     def eval_seeds(self) -> list[int]:
-        """Task seeds of the fixed evaluation set (0..63)."""
+        """Task seeds of the fixed evaluation set (easy, hard: 0..63)."""
         return list(self.eval_set.seeds)
 
     def is_eval_seed(self, seed: int) -> bool:
-        """True if ``seed`` belongs to the evaluation set (training must skip it)."""
-        return seed in self.eval_set
+        """True if training must skip ``seed``: it is an evaluation seed or draws an evaluation maze."""
+        return self.eval_set.holds_layout_of(seed)
 
     def train_seed_stream(self, seed: int) -> Iterator[int]:
         """Endless reproducible stream of training seeds that skips eval seeds (see module doc)."""

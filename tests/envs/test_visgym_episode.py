@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from envs.visgym import EVAL_SETS, MazeEpisode, VisGymMaze, generate_maze, solve_moves
+from envs.visgym import EVAL_SETS, MazeEpisode, VisGymMaze, generate_maze, layout_key, solve_moves
 from envs.visgym.upstream import UPSTREAM_PACKAGE
+from rlkit.tasks import TaskSampler
 from rlkit.types import EpisodeEnv, StepOutput
 
 INFO_KEYS = {"parse_ok", "success", "agent", "goal", "distance", "bfs_distance", "feedback"}
@@ -167,6 +168,32 @@ def test_eval_sets_and_training_seeds():
     assert stream == list(itertools.islice(easy.train_seed_stream(0), 500))
     assert stream != list(itertools.islice(easy.train_seed_stream(1), 500))
     assert not any(easy.is_eval_seed(s) for s in stream)
+
+
+def test_training_never_draws_an_eval_maze_under_another_seed():
+    # Seeds 1196347758 and 584998253 draw the same 9x9 mazes as eval seeds 40 and 20 (the default warm
+    # start's task stream met them at steps 743 and 586 before layouts were compared).
+    easy = VisGymMaze(variant="easy")
+    for other, eval_seed in ((1196347758, 40), (584998253, 20)):
+        assert layout_key(other, 9) == layout_key(eval_seed, 9)
+        assert other not in easy.eval_set and easy.is_eval_seed(other)
+    sampler = TaskSampler(0, easy.is_eval_seed)
+    drawn = sampler.sample(200)
+    assert not any(easy.is_eval_seed(s) for s in drawn)
+    # 7x7 has 768 layouts: without the layout check about 1 in 12 training draws would be an eval maze
+    small = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    eval_keys = {layout_key(s, 7) for s in small.eval_seeds()}
+    assert len(eval_keys) == 64 == len(small.eval_seeds())
+    raw = [s for s in range(64, 3000) if s not in small.eval_set]
+    assert sum(layout_key(s, 7) in eval_keys for s in raw) > len(raw) / 20
+    for seeds in (TaskSampler(0, small.is_eval_seed).sample(1000), list(itertools.islice(small.train_seed_stream(3), 1000))):
+        assert not any(layout_key(s, 7) in eval_keys for s in seeds)
+    assert not small.is_eval_seed(-1) and small.is_eval_seed(small.eval_seeds()[-1])
+
+
+def test_small_variant_is_native_only():
+    with pytest.raises(ValueError, match="only in rlkit"):
+        VisGymMaze(variant="small", mode="plan", parser="plan", impl="upstream")
 
 
 @pytest.mark.parametrize(

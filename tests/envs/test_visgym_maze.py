@@ -8,7 +8,9 @@ import pytest
 from envs.visgym import (
     EVAL_SETS,
     MOVE_DELTAS,
+    VARIANT_SIZES,
     generate_maze,
+    layout_key,
     path_to_moves,
     render_text,
     solve,
@@ -33,7 +35,7 @@ def test_layouts_match_upstream_vectors(maze_vectors, env_id):
         assert moves == r["moves"]  # perfect maze: the shortest path is unique
 
 
-@pytest.mark.parametrize("size", [9, 11])
+@pytest.mark.parametrize("size", [7, 9, 11])
 def test_maze_structure(size):
     for seed in range(20):
         maze_map, start, goal = generate_maze(seed, size)
@@ -55,7 +57,7 @@ def test_maze_structure(size):
     assert np.array_equal(a[0], b[0]) and a[1:] == b[1:]
 
 
-@pytest.mark.parametrize("size", [0, 7, 10, 13, -9])
+@pytest.mark.parametrize("size", [0, 5, 10, 13, -9])
 def test_bad_size_raises(size):
     with pytest.raises(ValueError, match="9 .*or 11"):
         generate_maze(0, size)
@@ -107,3 +109,20 @@ def test_render_text():
     assert lines[0] == "#" * 9
     assert text.count("#") == int(maze_map.sum())
     assert render_text(maze_map, goal, goal).count("G") == 0  # agent drawn over the goal
+
+
+def test_layout_key_names_the_maze():
+    # same seed, same key; the key changes with the walls and with the corner pair
+    assert layout_key(5, 9) == layout_key(5, 9)
+    keys = {layout_key(s, 7) for s in range(3000)}
+    # 7x7: a uniform spanning tree of the 3x3 node grid (192 trees) x 4 corner pairs = 768 layouts;
+    # 3000 uniform draws meet 768 * (1 - exp(-3000/768)) = 753 of them on average
+    assert len({k[:-4] for k in keys}) == 192 and 740 < len(keys) <= 768
+    a, b = generate_maze(0, 7), generate_maze(1, 7)
+    assert (layout_key(0, 7) == layout_key(1, 7)) == (np.array_equal(a[0], b[0]) and a[1:] == b[1:])
+
+
+def test_small_variant_routes():
+    # 7x7: opposite corners of a 3x3 node tree are 8 to 16 moves apart (4 to 8 node hops)
+    lengths = Counter(len(solve_moves(*generate_maze(s, VARIANT_SIZES["small"]))) for s in range(300))
+    assert set(lengths) <= {8, 12, 16} and lengths[8] > lengths[12] > lengths[16]
