@@ -72,3 +72,31 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
     assert "did you mean" not in str(err.value)
     check_top_level_keys(_compose([]))
     check_top_level_keys(_compose(["experiment=hyperpod_visgym"]))
+
+
+def test_image_grid_follows_the_policy_and_env_choices():
+    # conf/image_grid/<policy>_<env>.yaml: one image token per maze cell for the tiny policy
+    assert _compose([]).policy.tiny.image_max_pixels == 72 * 72  # 9x9 maze -> 9x9 tokens
+    small = _compose(["env=visgym_small"])
+    assert small.env.variant == "small" and small.policy.tiny.image_max_pixels == 56 * 56
+    assert _compose(["env=visgym_small", "env=visgym"]).policy.tiny.image_max_pixels == 72 * 72
+    assert _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.tiny is None  # a checkpoint keeps its processor
+    stems = {p.stem for p in (CONF / "image_grid").glob("*.yaml")}
+    for stem in stems:  # every file names a real (policy, env) pair
+        assert any(stem == f"{p}_{e}" for p in _options("policy") for e in _options("env")), stem
+
+
+def test_small_maze_image_is_one_token_per_cell():
+    # the tiny processor's resize of a 7x7 maze picture at 3136 px: a 14x14 patch grid, merged 2x2 = 49 tokens
+    from envs.visgym import VisGymMaze
+    from rlkit.policy.tiny import Qwen2VLImageProcessorPil, TinyVLSizes
+
+    for env, cells in (("visgym_small", 7), ("visgym", 9)):
+        cfg = _compose([f"env={env}"])
+        spec = VisGymMaze(**{k: v for k, v in cfg.env.items() if k != "_target_"})
+        image = spec.make().reset(spec.eval_seeds()[0]).images[0]
+        sizes = TinyVLSizes(image_max_pixels=cfg.policy.tiny.image_max_pixels)
+        proc = Qwen2VLImageProcessorPil(patch_size=sizes.patch_size, merge_size=sizes.merge_size,
+                                        min_pixels=sizes.image_min_pixels, max_pixels=sizes.image_max_pixels)
+        _, h, w = proc(images=[image], return_tensors="pt")["image_grid_thw"][0].tolist()
+        assert (h // sizes.merge_size, w // sizes.merge_size) == (cells, cells), env
