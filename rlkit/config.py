@@ -30,6 +30,10 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True  # False = Dr. GRPO
     adv_eps: float = 1e-6
     filter_zero_variance_groups: bool = False  # DAPO dynamic-sampling style: drop groups with no signal
+    # DAPO overlong filtering (Yu et al. 2025, section 3.4; SkyRL's generator.apply_overlong_filtering):
+    # trajectories with a turn cut at rollout.max_new_tokens (no end-of-turn token) are left out of the
+    # update's loss. Their rewards still count in their group's advantages and in the logged metrics.
+    overlong_filtering: bool = False
     # DAPO dynamic sampling: up to this many extra rollout rounds per step (tasks_per_step new tasks
     # each) until tasks_per_step groups with differing rewards are found; the update trains on those
     # groups only. 0 = off. Reward/env metrics stay over everything sampled.

@@ -84,9 +84,7 @@ def grpo_update(
         generator: seeds the mini-batch shuffle.
         on_backward: called after each micro-batch's backward (fault injection in tests).
     """
-    keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
-    if cfg.filter_zero_variance_groups:
-        keep = [i for i in keep if float(advantages[i]) != 0.0]
+    keep = kept_sequences(trajectories, advantages, cfg)
     if not keep:
         return {"policy/skipped": 1.0}
     mini = cfg.mini_batch_size or len(keep)
@@ -114,6 +112,19 @@ def grpo_update(
     out["policy/optimizer_steps"] = float(n_opt)
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg: AlgorithmConfig) -> list[int]:
+    """Indices of the trajectories the update trains on: those with policy tokens, minus zero-advantage
+    ones under ``filter_zero_variance_groups`` and length-cut ones (``num_truncated_turns > 0``) under
+    ``overlong_filtering`` (DAPO section 3.4: a truncated sample's reward says nothing about its
+    tokens, and rewarding one teaches the policy to stop ending its turn)."""
+    keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
+    if cfg.filter_zero_variance_groups:
+        keep = [i for i in keep if float(advantages[i]) != 0.0]
+    if cfg.overlong_filtering:
+        keep = [i for i in keep if getattr(trajectories[i], "num_truncated_turns", 0) == 0]
+    return keep
 
 
 def use_shared_prefix(policy: Any, cfg: AlgorithmConfig) -> bool:

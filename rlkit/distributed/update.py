@@ -1,7 +1,8 @@
 """The GRPO update split across data-parallel trainer ranks, equal to the single-rank update.
 
 Single rank (rlkit.update.grpo_update): keep the sequences with policy tokens (and, with
-``filter_zero_variance_groups``, a non-zero advantage); per epoch shuffle them with the run's
+``filter_zero_variance_groups``, a non-zero advantage; with ``overlong_filtering``, no length-cut turn:
+``rlkit.update.kept_sequences``); per epoch shuffle them with the run's
 generator, cut mini-batches of ``mini_batch_size`` (one optimizer step each), accumulate each
 mini-batch's gradient over micro-batches of ``micro_batch_size`` with weights that make the sum the
 gradient of the mini-batch loss: token_mean weighs a micro-batch by its share of the mini-batch's
@@ -36,7 +37,7 @@ import torch.distributed as dist
 
 from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
-from rlkit.update import micro_batch_loss, order_by_group
+from rlkit.update import kept_sequences, micro_batch_loss, order_by_group
 
 
 @dataclass
@@ -96,9 +97,7 @@ def plan_update(
     Returns: one RankPayload per rank, or None when no sequence is kept (the update is skipped,
     as grpo_update's ``policy/skipped``; the generator is not drawn from).
     """
-    keep = [i for i in range(len(trajectories)) if trajectories[i].num_policy_tokens > 0]
-    if cfg.filter_zero_variance_groups:
-        keep = [i for i in keep if float(advantages[i]) != 0.0]
+    keep = kept_sequences(trajectories, advantages, cfg)
     if not keep:
         return None
     mini = cfg.mini_batch_size or len(keep)

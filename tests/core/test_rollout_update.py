@@ -181,3 +181,50 @@ def test_max_grad_norm_zero_means_no_clipping(policy, plan_env):
     assert metrics["policy/grad_norm"] > 0
     moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(policy.trainable_parameters(), before))
     assert moved > 0  # with clip_grad_norm_(max_norm=0) every gradient was scaled to 0 and nothing moved
+
+
+def _captured_grad(policy, trajs, adv, cfg):
+    """The update's accumulated gradient (lr 0: the policy does not move)."""
+    shadow = copy.copy(policy)
+    shadow.model = copy.deepcopy(policy.model)
+    params = [q for q in shadow.model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)
+    captured = {}
+    orig_step = opt.step
+
+    def step(*a):
+        captured["g"] = torch.cat([q.grad.flatten() for q in params])
+        return orig_step(*a)
+
+    opt.step = step
+    metrics = grpo_update(shadow, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    return captured.get("g"), metrics
+
+
+def test_overlong_filtering_leaves_length_cut_samples_out_of_the_loss(policy, plan_env):
+    # DAPO overlong filtering: a sample cut at max_new_tokens contributes nothing; the others as if it
+    # had never been sampled (token_mean: it does not count in the denominator either)
+    trajs, adv = _batch(policy, plan_env)
+    trajs = [copy.copy(t) for t in trajs]
+    for t in trajs:  # the random policy's samples all run to max_new_tokens; call them ended but one
+        t.num_truncated_turns = 0
+    cut = copy.copy(trajs[1])
+    cut.num_truncated_turns = 1
+    with_cut = [trajs[0], cut, *trajs[2:]]
+    rest = [trajs[0], *trajs[2:]]
+    rest_adv = torch.cat([adv[:1], adv[2:]])
+    for reduction in ("token_mean", "seq_mean_token_mean"):
+        on = AlgorithmConfig(micro_batch_size=len(trajs), max_grad_norm=1e9, loss_reduction=reduction)
+        on.overlong_filtering = True
+        g_filtered, _ = _captured_grad(policy, with_cut, adv, on)
+        g_without, _ = _captured_grad(policy, rest, rest_adv, on)
+        assert torch.allclose(g_filtered, g_without, atol=1e-7, rtol=1e-5)
+        off = AlgorithmConfig(micro_batch_size=len(trajs), max_grad_norm=1e9, loss_reduction=reduction)
+        g_kept, _ = _captured_grad(policy, with_cut, adv, off)
+        assert not torch.allclose(g_kept, g_without, atol=1e-6, rtol=1e-3)
+    # every sample cut: nothing to train on, the step is skipped
+    all_cut = [copy.copy(t) for t in trajs]
+    for t in all_cut:
+        t.num_truncated_turns = 1
+    g, metrics = _captured_grad(policy, all_cut, adv, AlgorithmConfig(overlong_filtering=True))
+    assert g is None and metrics == {"policy/skipped": 1.0}

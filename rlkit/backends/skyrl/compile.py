@@ -336,7 +336,7 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
             "eval_sampling_params": _sampling(rollout.eval_temperature, 1.0, 0, rollout.max_new_tokens),
             "eval_n_samples_per_prompt": 1,
             "zero_reward_on_non_stop": False,
-            "apply_overlong_filtering": False,
+            "apply_overlong_filtering": bool(algo.overlong_filtering),
             "step_wise_trajectories": False,
             "vision_language_generator": settings.vision_language_generator,
         },
