@@ -76,10 +76,10 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
 
 def test_image_grid_follows_the_policy_and_env_choices():
     # conf/image_grid/<policy>_<env>.yaml: one image token per maze cell for the tiny policy
-    assert _compose([]).policy.tiny.image_max_pixels == 72 * 72  # 9x9 maze -> 9x9 tokens
-    small = _compose(["env=visgym_small"])
-    assert small.env.variant == "small" and small.policy.tiny.image_max_pixels == 56 * 56
-    assert _compose(["env=visgym_small", "env=visgym"]).policy.tiny.image_max_pixels == 72 * 72
+    default = _compose([])  # the default env is the 7x7 maze: 56x56 px -> 7x7 tokens
+    assert default.env.variant == "small" and default.policy.tiny.image_max_pixels == 56 * 56
+    nine = _compose(["env=visgym"])  # 9x9 maze -> 72x72 px -> 9x9 tokens (tiny_vl.yaml's own bound)
+    assert nine.env.variant == "easy" and nine.policy.tiny.image_max_pixels == 72 * 72
     assert _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.tiny is None  # a checkpoint keeps its processor
     stems = {p.stem for p in (CONF / "image_grid").glob("*.yaml")}
     for stem in stems:  # every file names a real (policy, env) pair

@@ -28,7 +28,7 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "completed"
     assert result["steps_completed"] == 2
-    assert result["eval_set"] == "visgym_easy_64"
+    assert result["eval_set"] == "visgym_small_64"  # the default env: rlkit's 7x7 maze
     assert result["eval_num_tasks"] == 4
     for key in ("eval_success_before", "eval_success_after"):
         assert 0.0 <= result[key] <= 1.0
@@ -53,7 +53,7 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     # W&B offline run files
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "expected one offline W&B run with its .wandb file"
-    assert "eval success on visgym_easy_64" in proc.stdout
+    assert "eval success on visgym_small_64" in proc.stdout
     # the SFT warm start's summary records its held-out fit next to its greedy success
     (sft_summary,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
     last = json.loads(sft_summary.read_text())["history"][-1]

@@ -130,7 +130,7 @@ def test_tensorboard_event_files_of_the_smoke_run(smoke_run):
     assert [e.step for e in acc.Scalars("eval/success_rate")] == [0, 2]
     assert "eval/samples/0" in tags["images"]
     img = acc.Images("eval/samples/0")[0]
-    assert (img.width, img.height) == (225, 225)
+    assert (img.width, img.height) == (175, 175)  # a 7x7 maze at 25 px cells (the default env)
     # add_text goes to the text plugin's tensors
     assert any(t.startswith("eval/samples") for t in tags["tensors"]) and "config" in " ".join(tags["tensors"])
 

@@ -51,11 +51,11 @@ def test_sweep_report(smoke_sweep):
     # both jobs, before and after training
     assert {p.name for p in strips} == {f"mazes_{j}_{t}.png" for j in ("0", "1") for t in ("step_000000", "final")}
     with Image.open(strips[0]) as im:
-        assert im.width > 4 * 225 and im.height > 225  # four eval mazes side by side, captions below
+        assert im.width > 4 * 175 and im.height > 175  # four eval mazes (7x7 x 25 px) side by side, captions below
     text = _check_page(page, min_images=8)
     assert "rlkit sweep report" in text and "lr=1e-05" in text and "lr=3e-05" in text
     assert 'class="best"' in text  # the best job (or the tied best jobs) highlighted
-    assert "Evaluation mazes" in text and "visgym_easy_64" in text
+    assert "Evaluation mazes" in text and "visgym_small_64" in text
 
 
 def test_single_run_report(smoke_run, tmp_path):
@@ -64,7 +64,7 @@ def test_single_run_report(smoke_run, tmp_path):
     text = _check_page(tmp_path / "rep" / "report.html", min_images=6)
     assert "rlkit run report" in text and 'class="best"' not in text
     with Image.open(tmp_path / "rep" / "mazes_run_final.png") as im:
-        assert im.width > 2 * 225 and im.width < 3 * 225
+        assert im.width > 2 * 175 and im.width < 3 * 175  # two 7x7 mazes at 25 px cells (the default env)
 
 
 def test_report_on_a_folder_without_jobs(tmp_path):

@@ -73,7 +73,7 @@ def test_eval_table_with_images(smoke_run):
     images = sorted((run_dir / "files" / "media" / "images" / "eval").glob("samples_images_*.png"))
     assert len(images) == 8, images
     with Image.open(images[0]) as im:
-        assert im.size == (225, 225) and im.mode == "RGB"
+        assert im.size == (175, 175) and im.mode == "RGB"  # a 7x7 maze at 25 px cells (the default env)
     # the full table (images included) is a run_table artifact staged under WANDB_DATA_DIR
     arts = [r.artifact for r in records(next(run_dir.glob("run-*.wandb"))) if r.WhichOneof("record_type") == "artifact"]
     tables_art = [a for a in arts if a.type == "run_table"]
