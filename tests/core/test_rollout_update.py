@@ -184,21 +184,11 @@ def test_max_grad_norm_zero_means_no_clipping(policy, plan_env):
 
 
 def _captured_grad(policy, trajs, adv, cfg):
-    """The update's accumulated gradient (lr 0: the policy does not move)."""
-    shadow = copy.copy(policy)
-    shadow.model = copy.deepcopy(policy.model)
-    params = [q for q in shadow.model.parameters() if q.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.0)
-    captured = {}
-    orig_step = opt.step
+    """The update's accumulated gradient (lr 0: the policy does not move) and its metrics."""
+    from tests.core.test_shared_prefix_update import _update_grad
 
-    def step(*a):
-        captured["g"] = torch.cat([q.grad.flatten() for q in params])
-        return orig_step(*a)
-
-    opt.step = step
-    metrics = grpo_update(shadow, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    return captured.get("g"), metrics
+    metrics, grad, _ = _update_grad(policy, trajs, adv, cfg)
+    return grad, metrics
 
 
 def test_overlong_filtering_leaves_length_cut_samples_out_of_the_loss(policy, plan_env):
