@@ -2,11 +2,11 @@
 
 Reproduces the upstream VisGym ``maze_2d`` task layouts exactly (checked against layouts recorded
 from upstream ``reset(seed=s)``, see tests/envs). A maze is a square grid with a wall border:
-``maze_2d/easy`` is 9x9 cells, ``maze_2d/hard`` 11x11. ``small`` (7x7, a 3x3 tree of corridor nodes) is
-rlkit's own variant from the same generator, for fast CPU experiments; it has 768 distinct layouts
-(192 spanning trees x 4 corner pairs), so held-out sets must be kept apart by layout, not by seed
-(``layout_key``). ``maze_map[row, col]`` is 1 for a wall and 0
-for a free cell; positions are ``(row, col)`` with row 0 at the top.
+``maze_2d/easy`` is 9x9 cells, ``maze_2d/hard`` 11x11. ``maze_map[row, col]`` is 1 for a wall and 0
+for a free cell; positions are ``(row, col)`` with row 0 at the top. ``small`` (7x7, a 3x3 tree of
+corridor nodes) is rlkit's own variant from the same generator, for fast CPU experiments; it has 768
+distinct layouts (192 spanning trees x 4 corner pairs), so held-out sets must be kept apart by
+layout, not by seed (``layout_key``).
 
 Generation (upstream order of random draws, which is what makes the layouts identical):
 Wilson's algorithm (loop-erased random walks, a uniform spanning tree) on the cells of the inner
@@ -25,7 +25,7 @@ from collections import deque
 
 import numpy as np
 
-#: Grid side length (cells, wall border included) per upstream variant.
+#: Grid side length (cells, wall border included) per variant: upstream's easy and hard, rlkit's small.
 VARIANT_SIZES: dict[str, int] = {"easy": 9, "hard": 11, "small": 7}
 
 #: Action direction -> (d_row, d_col). Upstream action numbering: 0 right, 1 up, 2 left, 3 down.
@@ -129,9 +129,9 @@ def layout_key(seed: int, size: int) -> bytes:
     """What makes task ``seed`` the task it is: its walls, start and goal, as bytes.
 
     Two seeds with the same key are the same maze (same picture, same solution). Small grids repeat
-    layouts often (7x7: 768 distinct layouts), and even 9x9 does over a long run (401,408 layouts:
-    a 25,600-maze warm start draws about 4 of 64 given layouts on average), so evaluation sets exclude training
-    seeds by this key, not by seed number.
+    layouts often (7x7: 768 distinct layouts), and even 9x9 does over a long run (401,408 layouts: a
+    25,600-maze warm start draws about 4 of 64 given layouts on average), so evaluation sets exclude
+    training seeds by this key, not by seed number.
 
     Raises:
         ValueError: as ``generate_maze``.
