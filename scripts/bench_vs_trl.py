@@ -25,7 +25,8 @@ one optimizer step per 64 completions, accumulated over 4 micro-batches of 16 se
 
 - rlkit: ``rlkit.backends.native.NativeRun.train_step`` itself, on the composed conf/train.yaml
   (its defaults: shared-prefix update, the engine's shared prefill, sampling logprobs as old logprobs),
-  overrides policy.dtype, rollout.max_new_tokens=24, group_size=8, tasks_per_step=8. generation = rollout
+  overrides env=visgym (the 9x9 task TRL's side gets; the default env is the 7x7 maze), policy.dtype,
+  rollout.max_new_tokens=24, group_size=8, tasks_per_step=8. generation = rollout
   (prefill + decode + env steps) + reward + advantages; update = ``timing/train`` (grpo_update + LR scheduler).
 - TRL: ``GRPOTrainer`` with the GRPOConfig written out in ``trl_config`` below. The step is timed with a
   TrainerCallback (on_step_begin -> on_step_end: the micro-batches' generation, forward, backward, clip and
@@ -132,7 +133,7 @@ def rlkit_worker(args) -> dict:
     wl = workload(args)
     out = Path(args.work_dir)
     overrides = [
-        f"policy.dtype={DTYPES[args.dtype]}", f"steps={args.steps}", f"group_size={wl['group']}",
+        "env=visgym", f"policy.dtype={DTYPES[args.dtype]}", f"steps={args.steps}", f"group_size={wl['group']}",
         f"tasks_per_step={wl['tasks']}", f"rollout.max_new_tokens={wl['max_new_tokens']}", "rollout.temperature=1.0",
         f"algorithm.micro_batch_size={wl['micro_batch']}", "trainer.quiet=true", "trainer.num_threads=1",
         "logger=console", "seed=0", f"paths.output_dir={out}", f"paths.cache_dir={out / 'cache'}",
@@ -190,7 +191,7 @@ def rlkit_worker(args) -> dict:
         "side": "rlkit", "dtype": args.dtype, "steps": steps, "load_s": load_s,
         "policy_dtype": str(policy.dtype), "trainable_params": n["trainable"], "total_params": n["total"],
         "config": {"algorithm": _plain(cfg.algorithm), "rollout": _plain(cfg.rollout), "lr": cfg.lr,
-                   "group_size": cfg.group_size, "tasks_per_step": cfg.tasks_per_step},
+                   "group_size": cfg.group_size, "tasks_per_step": cfg.tasks_per_step, "env": _plain(cfg.env)},
         "versions": _versions(),
     }
     res.update(update_flops(run, args))

@@ -28,6 +28,7 @@ def _bench(tmp_path: Path, *extra: str, timeout: int) -> tuple[str, dict]:
 
 def _check_rlkit_run(run: dict, steps: int) -> None:
     assert run["side"] == "rlkit" and len(run["steps"]) == steps
+    assert run["config"]["env"]["variant"] == "easy"  # the 9x9 task TRL's side gets, not the default 7x7 maze
     for s in run["steps"]:
         assert s["total_s"] > 0 and s["generation_s"] > 0 and s["update_s"] > 0
         assert s["generation_s"] + s["update_s"] == pytest.approx(s["total_s"], rel=1e-6)
