@@ -4,7 +4,9 @@
 (the same defaults, groups and typo checks), registers it as the current Hydra config so that
 ``${hydra:...}`` interpolations (paths.cache_dir) resolve, and returns it. With a run directory,
 that run's recorded overrides (``.hydra/overrides.yaml``) come first, so its env, policy and rollout
-settings are reproduced; the caller's overrides apply on top.
+settings are reproduced; the caller's overrides apply on top. A run that took the default env is
+given the env it recorded (``.hydra/hydra.yaml``, ``runtime.choices.env``), so a run made before the
+default changed (9x9 ``visgym`` until 2026-12, ``visgym_small`` since) composes as it ran.
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ def run_overrides(run_dir: Path | None) -> list[str]:
     return [str(o) for o in OmegaConf.load(f)]
 
 
+def recorded_env_choice(run_dir: Path | None) -> str | None:
+    """The env option a run composed (``<run_dir>/.hydra/hydra.yaml`` runtime.choices.env), or None."""
+    if run_dir is None:
+        return None
+    f = Path(run_dir) / ".hydra" / "hydra.yaml"
+    if not f.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    choice = OmegaConf.select(OmegaConf.load(f), "hydra.runtime.choices.env")
+    return str(choice) if choice else None
+
+
 def compose(overrides: Sequence[str] = (), run_dir: Path | None = None):
     """The composed train config (DictConfig, with its ``hydra`` node) for these overrides.
 
@@ -47,7 +62,11 @@ def compose(overrides: Sequence[str] = (), run_dir: Path | None = None):
 
     import rlkit.config  # noqa: F401  (registers the schema)
 
-    all_overrides = [*run_overrides(run_dir), *overrides]
+    recorded = run_overrides(run_dir)
+    env_choice = recorded_env_choice(run_dir)
+    if env_choice and not any(str(o).lstrip("+~").startswith("env=") for o in [*recorded, *overrides]):
+        recorded = [f"env={env_choice}", *recorded]
+    all_overrides = [*recorded, *overrides]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name="train", overrides=all_overrides, return_hydra_config=True)

@@ -100,3 +100,20 @@ def test_bench_serve_against_a_server(base_dir, adapters, tmp_path):
     r = json.loads(report.read_text())
     assert r["ok"] == 6 and r["errors"] == 0 and r["requests_per_s"] > 0
     assert 0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"]
+
+
+def test_a_run_composes_with_the_env_it_ran(tmp_path):
+    # A run that took the default env records only its choice (.hydra/hydra.yaml), not an override; the
+    # tools around it (serve, play, eval) compose that env, not today's default.
+    from omegaconf import OmegaConf
+
+    from rlkit.serve.config import compose
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create([]), run / ".hydra" / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": {"runtime": {"choices": {"env": "visgym"}}}}), run / ".hydra" / "hydra.yaml")
+    cfg = compose([], run_dir=run)
+    assert cfg.env.variant == "easy" and cfg.policy.tiny.image_max_pixels == 72 * 72
+    assert compose(["env=visgym_small"], run_dir=run).env.variant == "small"  # the caller's choice wins
+    assert compose([]).env.variant == "small"  # no run: today's default
