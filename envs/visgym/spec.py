@@ -56,7 +56,8 @@ class EvalSet:
         return seed in self._seed_set
 
     def layouts(self) -> dict[bytes, int]:
-        """``{layout_key: seed}`` of the set's mazes (computed once, ~1 ms a maze)."""
+        """``{layout_key: seed}`` of the set's mazes (computed once; a layout key costs ~0.1 ms, so the
+        check adds ~3 ms to a 32-maze warm-start step)."""
         if not self._layouts:
             size = VARIANT_SIZES[self.variant]
             self._layouts.update({layout_key(s, size): s for s in self.seeds})
