@@ -44,6 +44,28 @@ class GroundingItem:
     task: str
     wall_bit: bool
     answer_len: int  # answer tokens incl. the end-of-turn token
+    bit_tokens: tuple[int, ...] = ()  # indices (within the answer tokens) of the tokens holding wall-bit values
+
+
+def _bit_tokens(tokenizer: Any, answer_ids: Sequence[int], answer: str, offsets: Sequence[int]) -> tuple[int, ...]:
+    """Index of the answer token that holds each character offset in ``offsets``.
+
+    Raises ValueError if the tokens do not spell ``answer`` one token at a time (then a token's
+    span cannot be told) or an offset's token also holds another offset (two bits in one token
+    cannot be scored apart).
+    """
+    spans, pos = [], 0
+    for t in answer_ids:
+        piece = tokenizer.decode([t])
+        spans.append((pos, pos + len(piece)))
+        pos += len(piece)
+    if "".join(tokenizer.decode([t]) for t in answer_ids) != answer:
+        raise ValueError(f"the answer {answer[:40]!r} does not decode token by token; per-bit scoring needs it")
+    found = [next(k for k, (a, b) in enumerate(spans) if a <= off < b) for off in offsets]
+    if len(set(found)) != len(found):
+        raise ValueError(f"two wall bits of {answer[:40]!r} share a token with this tokenizer; "
+                         "separate them in the answer format")
+    return tuple(found)
 
 
 def encode_example(policy: Any, example: Any, image: Any = None) -> GroundingItem:
@@ -60,18 +82,29 @@ def encode_example(policy: Any, example: Any, image: Any = None) -> GroundingIte
     mask = [0] * len(turn.input_ids) + [1] * len(completion) + [0] * len(end)
     record = Episode(seed=example.seed, turns=[], terminated=True, truncated=False, success=True)
     traj = Trajectory(ids, mask, [0.0] * len(ids), list(turn.image_inputs), record, group=0, policy_version=-1)
-    return GroundingItem(traj, example.task, bool(getattr(example, "wall_bit", False)), len(completion))
+    offsets = tuple(getattr(example, "bit_offsets", ()) or ())
+    bits = _bit_tokens(policy.tokenizer, completion[:-1], example.answer, offsets) if offsets else ()
+    return GroundingItem(traj, example.task, bool(getattr(example, "wall_bit", False)), len(completion), bits)
 
 
 def exact_match(policy: Any, items: Sequence[GroundingItem], batch_size: int = 64) -> list[bool]:
     """For each item, whether greedy decoding would write exactly its answer (teacher-forced check).
 
-    Returns one bool per item. One forward per ``batch_size`` items (right-padded); the banned ids
-    are the sampler's (Policy.banned_token_ids), so the argmax is over the tokens the sampler could
-    emit. The model is put in eval mode for the check and restored after.
+    Returns one bool per item: every answer token (see ``token_hits``) is the argmax.
+    """
+    return [all(h) for h in token_hits(policy, items, batch_size)]
+
+
+def token_hits(policy: Any, items: Sequence[GroundingItem], batch_size: int = 64) -> list[list[bool]]:
+    """For each item, per answer token (incl. the end-of-turn token): is it the argmax given the correct prefix.
+
+    Returns one list of ``answer_len`` bools per item. One forward per ``batch_size`` items
+    (right-padded); the banned ids are the sampler's (Policy.banned_token_ids), so the argmax is
+    over the tokens the sampler could emit. The model is put in eval mode for the check and
+    restored after. A wall bit's teacher-forced accuracy is its token's entry (``bit_tokens``).
     """
     model = policy.model
-    hits: list[bool] = []
+    hits: list[list[bool]] = []
     was_training = model.training
     model.eval()
     try:
@@ -86,19 +119,24 @@ def exact_match(policy: Any, items: Sequence[GroundingItem], batch_size: int = 6
                     ids = torch.tensor(it.trajectory.input_ids)
                     mask = torch.tensor(it.trajectory.loss_mask, dtype=torch.bool)
                     pos = mask.nonzero().squeeze(-1)  # answer token positions
-                    hits.append(bool((pred[i, pos - 1].cpu() == ids[pos]).all()))
+                    hits.append((pred[i, pos - 1].cpu() == ids[pos]).tolist())
     finally:
         model.train(was_training)
     return hits
 
 
-def accuracy_table(items: Sequence[GroundingItem], hits: Sequence[bool]) -> dict[str, float]:
-    """Exact-match accuracy per task, plus ``wall_bits`` (cell questions about wall bits) and ``all``."""
+def accuracy_table(items: Sequence[GroundingItem], hits: Sequence[bool],
+                   per_token: Sequence[Sequence[bool]] | None = None) -> dict[str, float]:
+    """Exact-match accuracy per task and ``all``, plus ``wall_bits``: the accuracy over every wall
+    bit asked, a ``cell`` question about a wall bit counting one bit and a ``walls`` transcription
+    counting each of its bits (its token in ``per_token``, teacher-forced; see ``token_hits``)."""
     groups: dict[str, list[bool]] = defaultdict(list)
-    for it, h in zip(items, hits):
+    for k, (it, h) in enumerate(zip(items, hits)):
         groups[it.task].append(h)
         if it.wall_bit:
             groups[WALL_BITS].append(h)
+        if per_token is not None:
+            groups[WALL_BITS].extend(bool(per_token[k][b]) for b in getattr(it, "bit_tokens", ()))
         groups["all"].append(h)
     return {k: float(np.mean(v)) for k, v in sorted(groups.items())}
 
@@ -161,7 +199,7 @@ def train_grounding(
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    key = WALL_BITS if any(it.wall_bit for it in val_items) else "all"
+    key = WALL_BITS if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
     history: list[dict[str, Any]] = []
     table: dict[str, float] | None = None
     step, phase, phase_starts = 0, 0, [0]
@@ -184,7 +222,8 @@ def train_grounding(
         step += 1
         checked = step % cfg.eval_every == 0 or step == cfg.max_steps
         if checked:
-            table = accuracy_table(val_items, exact_match(policy, val_items))
+            per_token = token_hits(policy, val_items)
+            table = accuracy_table(val_items, [all(h) for h in per_token], per_token)
             history.append({"step": step, "phase": phase, "loss": float(loss.detach()), "accuracy": table,
                             "wall_time_s": time.time() - t0})
         if progress is not None:

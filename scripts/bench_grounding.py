@@ -8,6 +8,7 @@ for both to ``<out>/grounding_curve.json`` and ``<out>/grounding_curve.png`` and
 
     .venv/bin/python scripts/bench_grounding.py --steps 600 --out bench_out/grounding
     .venv/bin/python scripts/bench_grounding.py --tasks cell --steps 200      # one task
+    .venv/bin/python scripts/bench_grounding.py --env visgym_small --tasks walls --steps 300   # 7x7 wall bits
 
 Give it a core of its own (it sets 1 torch thread); a run of 600 steps takes about 10 minutes
 per arm on one core of the 2-core dev machine.
@@ -42,6 +43,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tasks", default="", help="comma-separated task names, one phase (default: the default curriculum)")
     p.add_argument("--seed", type=int, default=0, help="weight-init seed of the tiny policy")
+    p.add_argument("--env", default="visgym", help="a VisGym config of conf/env/ (its variant and cell size; the "
+                   "tiny policy's image grid for it from conf/image_grid/ when there is one)")
     p.add_argument("--tiny", default="{}", help="JSON overrides of conf/policy/tiny_vl.yaml's tiny sizes")
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "tiny_vl"))
     p.add_argument("--out", default=str(ROOT / "bench_out" / "grounding"))
@@ -49,10 +52,14 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     sizes = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/policy/tiny_vl.yaml").tiny)
+    env_cfg = OmegaConf.load(ROOT / "conf/env" / f"{args.env}.yaml")
+    grid = ROOT / "conf/image_grid" / f"tiny_vl_{args.env}.yaml"
+    if grid.is_file():
+        sizes.update(OmegaConf.to_container(OmegaConf.load(grid)))
     sizes.update(json.loads(args.tiny))
     cfg = GroundingConfig(max_steps=args.steps, eval_every=args.eval_every, batch_size=args.batch_size, lr=args.lr,
                           curriculum=[[t for t in args.tasks.split(",") if t]] if args.tasks else GroundingConfig().curriculum, target_accuracy=2.0)  # never stop early
-    env = VisGymMaze()
+    env = VisGymMaze(variant=env_cfg.variant, cell_size=env_cfg.get("cell_size", 25))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}

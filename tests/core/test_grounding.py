@@ -73,6 +73,19 @@ def test_accuracy_table_groups_tasks_and_wall_bits():
     assert "wall_bits" in format_table({"image": table, "blind": table})
 
 
+def test_walls_bits_are_scored_token_by_token(full_policy):
+    """A walls transcription counts each of its bits in wall_bits: the token holding each value."""
+    ex = VisGymMaze(variant="small").grounding_example(5, "walls", np.random.default_rng(0))
+    item = encode_example(full_policy, ex)
+    answer_ids = [i for i, m in zip(item.trajectory.input_ids, item.trajectory.loss_mask) if m]
+    assert len(item.bit_tokens) == 12
+    assert [full_policy.tokenizer.decode([answer_ids[k]]) for k in item.bit_tokens] == list(ex.answer[1::2])
+    per_token = [[True] * item.answer_len]
+    per_token[0][item.bit_tokens[3]] = False  # one bit wrong: 11 of 12 bits, the transcription not exact
+    table = accuracy_table([item], [all(per_token[0])], per_token)
+    assert table["walls"] == 0.0 and table["wall_bits"] == pytest.approx(11 / 12)
+
+
 def test_unknown_task_is_refused(full_policy):
     with pytest.raises(ValueError, match="unknown"):
         train_grounding(VisGymMaze(), full_policy, GroundingConfig(curriculum=[["agent"], ["colour"]], max_steps=1))

@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from envs.visgym.grounding import GROUNDING_TASKS, cell_answer, grounding_example, open_moves
+from envs.visgym.grounding import (
+    GROUNDING_TASKS,
+    cell_answer,
+    grounding_example,
+    open_moves,
+    wall_bit_cells,
+    walls_answer,
+)
 from envs.visgym.maze import generate_maze
 from envs.visgym.render import AGENT_BLUE, GOAL_RED, WALL_GRAY, WHITE
 from envs.visgym.spec import VisGymMaze
@@ -35,6 +42,34 @@ def test_seed7_layout_is_the_hand_checked_one():
 ])
 def test_cell_answers_hand_checked(cell, expected):
     assert cell_answer(SEED7, (7, 1), (1, 7), cell) == expected
+
+
+def test_walls_answer_hand_checked():
+    """SEED7's 24 wall bits, read off the printed layout row by row: (1,2) (1,4) (1,6), (2,1) (2,3) ..."""
+    text, offsets = walls_answer(SEED7)
+    assert text == "a.b.c.d.e.f#g.h#i.j#k.l.m#n#o#p.q#r#s.t#u.v.w.x."
+    assert offsets == tuple(range(1, 48, 2))
+    assert wall_bit_cells(9)[:4] == [(1, 2), (1, 4), (1, 6), (2, 1)] and len(wall_bit_cells(9)) == 24
+
+
+def test_walls_answer_on_a_hand_checked_7x7():
+    maze = np.array([
+        [1, 1, 1, 1, 1, 1, 1],
+        [1, 0, 0, 0, 1, 0, 1],
+        [1, 1, 1, 0, 1, 0, 1],
+        [1, 0, 0, 0, 0, 0, 1],
+        [1, 1, 1, 0, 1, 1, 1],
+        [1, 0, 0, 0, 0, 0, 1],
+        [1, 1, 1, 1, 1, 1, 1],
+    ])  # task seed 5 of the small variant
+    assert (generate_maze(5, 7)[0] == maze).all()
+    # (1,2) (1,4) | (2,1) (2,3) (2,5) | (3,2) (3,4) | (4,1) (4,3) (4,5) | (5,2) (5,4)
+    assert walls_answer(maze)[0] == "a.b#c#d.e.f.g.h#i.j#k.l."
+
+
+def test_walls_refuses_a_maze_with_more_bits_than_labels():
+    with pytest.raises(ValueError, match="labels at most 52"):
+        walls_answer(np.ones((13, 13), dtype=int))
 
 
 def test_agent_is_drawn_over_the_goal():
@@ -88,6 +123,12 @@ def test_answers_agree_with_the_rendered_image(task):
             assert ex.answer == f"row {agent[0]}, column {agent[1]}"
         elif task == "goal":
             assert ex.answer == f"row {goal[0]}, column {goal[1]}"
+        elif task == "walls":
+            values = [ex.answer[k] for k in ex.bit_offsets]
+            assert len(values) == 24 and ex.answer[0::2] == "abcdefghijklmnopqrstuvwx"
+            for value, cell in zip(values, wall_bit_cells(9)):
+                seen = "." if cell in (agent, goal) else ("#" if _colour_at(ex.image, cell) == WALL_GRAY else ".")
+                assert value == seen, (seed, cell)
         else:
             deltas = {"right": (0, 1), "up": (-1, 0), "left": (0, -1), "down": (1, 0)}
             want = [n for n, (dr, dc) in deltas.items()
