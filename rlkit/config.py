@@ -73,10 +73,20 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 48  # per policy turn
     eval_temperature: float = 0.0  # 0 = greedy
+    # strings that end a policy turn as soon as its text contains one (as vLLM's `stop`; the turn is then
+    # closed with the end-of-turn token, loss mask 0). null = the env's (EnvSpec.stop_strings, e.g. VisGym's
+    # "</answer>"); [] = only the end-of-turn token ends a turn.
+    stop: Optional[list[str]] = None
     # multi-turn episodes keep their KV cache (and image encodings) across turns and prefill only the
     # new user turn (native backends; same tokens and logprobs as re-prefilling, rlkit.policy.engine;
     # under backend=skyrl vLLM caches prefixes itself). May change on resume.
     reuse_kv_cache: bool = True
+
+
+def stop_strings(rollout: Any, env_spec: Any) -> tuple[str, ...]:
+    """The stop strings of a run: ``rollout.stop``, or the env's ``stop_strings`` when that is null."""
+    stop = rollout.get("stop") if hasattr(rollout, "get") else getattr(rollout, "stop", None)
+    return tuple(getattr(env_spec, "stop_strings", ()) if stop is None else stop)
 
 
 @dataclass

@@ -187,7 +187,7 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
     for i, comp in zip(idx, completions, strict=True):
         ep = live[i]
         ep.append(list(comp.token_ids), 1, list(comp.logprobs))
-        ep.append(chat.turn_end_ids(comp.finish_reason), 0)
+        ep.append(chat.turn_end_ids(comp.finish_reason, getattr(comp, "stop_reason", None)), 0)
         if comp.finish_reason == "length":
             ep.length_cut += 1
         out = ep.env.step(comp.text)

@@ -77,6 +77,8 @@ class EnvSpec(Protocol):
     Optional: render_trajectory(seed, infos) -> PIL.Image, the picture of an episode on task `seed`
     from its per-turn `StepOutput.info` dicts (in order), for evaluation tables and reports
     (rlkit.report.episodes); without it they show the episode's first observation image.
+    Optional: stop_strings, a tuple of strings that end a policy turn as soon as its text contains one
+    (the default of ``rollout.stop``; e.g. VisGym's "</answer>" for parsers that read an answer block).
     """
 
     max_turns: int

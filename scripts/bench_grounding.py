@@ -46,12 +46,15 @@ def main() -> None:
     p.add_argument("--env", default="visgym", help="a VisGym config of conf/env/ (its variant and cell size; the "
                    "tiny policy's image grid for it from conf/image_grid/ when there is one)")
     p.add_argument("--tiny", default="{}", help="JSON overrides of conf/policy/tiny_vl.yaml's tiny sizes")
+    p.add_argument("--dtype", default=None, help="policy dtype (default: conf/policy/tiny_vl.yaml's, bfloat16)")
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "tiny_vl"))
     p.add_argument("--out", default=str(ROOT / "bench_out" / "grounding"))
     p.add_argument("--arms", default="image,blind")
     args = p.parse_args()
     torch.set_num_threads(1)
-    sizes = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/policy/tiny_vl.yaml").tiny)
+    policy_cfg = OmegaConf.load(ROOT / "conf/policy/tiny_vl.yaml")
+    sizes = OmegaConf.to_container(policy_cfg.tiny)
+    args.dtype = args.dtype or policy_cfg.dtype
     env_cfg = OmegaConf.load(ROOT / "conf/env" / f"{args.env}.yaml")
     grid = ROOT / "conf/image_grid" / f"tiny_vl_{args.env}.yaml"
     if grid.is_file():
@@ -64,7 +67,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for arm in args.arms.split(","):
-        policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=args.cache_dir, seed=args.seed)
+        policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=args.cache_dir, seed=args.seed,
+                             dtype=args.dtype)
         t0 = time.time()
 
         def progress(step, total, loss, table, arm=arm):

@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlkit.evaluation import evaluate, write_outcomes
     from rlkit.policy import PolicyLoadError, SamplingParams, make_engine
+    from rlkit.config import stop_strings
     from rlkit.run import ConfigError
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env, node
     from rlkit.serve.models import AdapterError, parse_adapter_arg
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = env_spec.eval_seeds()
     seeds = seeds[:num_tasks] if num_tasks else seeds
     sampling = SamplingParams(temperature=cfg.rollout.eval_temperature, top_p=1.0, top_k=0,
-                              max_new_tokens=cfg.rollout.max_new_tokens, n=1, seed=cfg.seed)
+                              max_new_tokens=cfg.rollout.max_new_tokens, n=1, seed=cfg.seed,
+                              stop=stop_strings(cfg.rollout, env_spec))  # as the run's own evaluations
     t0 = time.time()
     metrics, per_task, _ = evaluate(env_spec, policy, make_engine(policy), seeds, sampling, policy_version=0,
                                     batch_size=args.batch_size)

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import openai
 
+    from rlkit.config import stop_strings
     from rlkit.evaluation import write_outcomes
     from rlkit.run import ConfigError
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = pick_model(client, args.model)
         metrics, per_task = play(client, model, env_spec, seeds, max_tokens, temperature=args.temperature,
-                                 top_p=args.top_p, sampling_seed=args.seed, concurrency=args.concurrency)
+                                 top_p=args.top_p, sampling_seed=args.seed, concurrency=args.concurrency,
+                                 stop=stop_strings(cfg.rollout, env_spec))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
 from rlkit.config import (AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig,
-                          check_ranges)
+                          check_ranges, stop_strings)
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
@@ -114,9 +114,11 @@ class NativeRun:
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
+        self.stop = stop_strings(self.rollout_cfg, self.env_spec)
         try:
             SamplingParams(temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
-                           top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens).validate()
+                           top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens,
+                           stop=self.stop).validate()
         except ValueError as e:
             raise ConfigError(f"rollout.{e}") from None
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
@@ -132,9 +134,11 @@ class NativeRun:
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
             top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
+            stop=self.stop,
         )
         self.greedy = SamplingParams(temperature=self.rollout_cfg.eval_temperature, top_p=1.0, top_k=0,
-                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed)
+                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
+                                     stop=self.stop)
         self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
@@ -233,7 +237,7 @@ class NativeRun:
             base = instantiate_plugin(cfg.policy, "policy", base_path=grounded, train_mode="full")
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
-                                    max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0)
+                                    max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
             summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
                                 progress=self.progress.sft)
             self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "

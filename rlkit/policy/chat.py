@@ -215,16 +215,20 @@ class ChatFormat:
         Sampled completions are never re-tokenized; this is only for text that was not sampled."""
         return [*self._encode(text), self.im_end_id]
 
-    def turn_end_ids(self, finish_reason: str) -> list[int]:
+    def turn_end_ids(self, finish_reason: str, stop_reason: str | None = None) -> list[int]:
         """Ids to append after a completion (loss mask 0).
 
-        "stop" (the completion ends with ``<|im_end|>``): "\\n". "length" (cut by max_new_tokens):
-        ``<|im_end|>`` + "\\n", closing the assistant message as the chat template would.
+        "stop" (the completion ends with ``<|im_end|>``): "\\n". "length" (cut by max_new_tokens),
+        or "stop" by a stop string (``stop_reason`` set, no ``<|im_end|>`` sampled): ``<|im_end|>`` +
+        "\\n", closing the assistant message as the chat template would (as SkyRL's
+        ``append_eos_token_after_stop_str_in_multi_turn`` does).
 
         Raises: ValueError for any other finish_reason.
         """
-        if finish_reason == "stop":
+        if finish_reason == "stop" and stop_reason is None:
             return list(self.newline_ids)
+        if finish_reason == "stop":
+            return [self.im_end_id, *self.newline_ids]
         if finish_reason == "length":
             return [self.im_end_id, *self.newline_ids]
         raise ValueError(f"unknown finish_reason {finish_reason!r} (expected 'stop' or 'length')")

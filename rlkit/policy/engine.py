@@ -90,7 +90,10 @@ class SamplingParams:
     temperature: 0 = greedy (argmax; logprobs at temperature 1). top_p: nucleus mass in (0, 1]
     (1 = off). top_k: keep the k most likely ids (0 or -1 = off). max_new_tokens: per completion,
     including the stop token. n: completions per prompt. seed: seeds the draw (same seed, prompts
-    and weights -> same samples); None = fresh randomness.
+    and weights -> same samples); None = fresh randomness. stop: strings that end a completion as
+    soon as its text contains one (vLLM's ``stop`` with ``include_stop_str_in_output=True``: the
+    text keeps the stop string and is cut right after it; token_ids keep every sampled token, so
+    the last one may reach past it); the end-of-turn token always ends it too.
     """
 
     temperature: float = 1.0
@@ -99,6 +102,7 @@ class SamplingParams:
     max_new_tokens: int = 48
     n: int = 1
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -110,21 +114,26 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.n < 1:
             raise ValueError(f"n={self.n} must be >= 1")
+        if isinstance(self.stop, str) or any(not isinstance(x, str) or not x for x in self.stop):
+            raise ValueError(f"stop={self.stop!r} must be a list of non-empty strings")
 
 
 @dataclass
 class Completion:
     """One sampled completion.
 
-    token_ids: sampled ids, ending with <|im_end|> when finish_reason == "stop".
+    token_ids: sampled ids, ending with <|im_end|> when finish_reason == "stop" and stop_reason is None.
     logprobs: one float per token (see rlkit.policy.logprobs for the exact quantity).
-    text: decoded token_ids without the final <|im_end|>. finish_reason: "stop" | "length".
+    text: decoded token_ids without the final <|im_end|> (cut right after the stop string when one
+    ended it). finish_reason: "stop" | "length". stop_reason: the stop string (SamplingParams.stop)
+    that ended it, None when the end-of-turn token did or it ran out of tokens (vLLM's field).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -208,6 +217,7 @@ class TransformersEngine:
         self.share_prefill = bool(share_prefill)
         self.reuse_kv = bool(reuse_kv)
         self.last_stats = GenerateStats()
+        self._pieces: dict[int, str] = {}  # token id -> its text, for the stop-string check
         self.adapter_info = None
 
     @property
@@ -396,6 +406,9 @@ class TransformersEngine:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logps: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
+        stop_reason: list[str | None] = [None] * rows
+        stops = tuple(sampling.stop)
+        stop_tails = {x[-1] for x in stops}
         kept: list[KVState | None] = [None] * rows
         alive = torch.arange(rows, device=device)  # original row index of each live batch row
         for step in range(sampling.max_new_tokens):
@@ -407,6 +420,8 @@ class TransformersEngine:
                 logps[r].append(lp_l[j])
                 if tok_l[j] == im_end:
                     finish[r] = "stop"
+                elif stops and (hit := self._stop_hit(tokens[r], stops, stop_tails)) is not None:
+                    finish[r], stop_reason[r] = "stop", hit
                 else:
                     keep_rows.append(j)
             stats.generated_tokens += len(alive_l)
@@ -414,7 +429,7 @@ class TransformersEngine:
             if keep:  # rows that end now: their cache holds the prompt and all but the last sampled token
                 next_l = next_pos.tolist()
                 for j, r in enumerate(alive_l):
-                    if last or tok_l[j] == im_end:
+                    if last or finish[r] == "stop":
                         kept[r] = self._kv_state(cache, attn, j, prompts[r // n], tokens[r], next_l[j])
             if last:
                 break
@@ -441,10 +456,30 @@ class TransformersEngine:
         results: list[list[Completion]] = []
         states_out: list[list[KVState]] = []
         for i in range(len(prompts)):
-            results.append([Completion(tokens[r], logps[r], chat.decode(tokens[r]), finish[r]) for r in range(i * n, (i + 1) * n)])
+            results.append([Completion(tokens[r], logps[r], self._text(tokens[r], stop_reason[r]), finish[r],
+                                       stop_reason[r]) for r in range(i * n, (i + 1) * n)])
             if keep:
                 states_out.append([kept[r] for r in range(i * n, (i + 1) * n)])
         return results, states_out
+
+    def _piece(self, token_id: int) -> str:
+        """The text of one token id (cached per id: the stop check decodes each new token once)."""
+        if token_id not in self._pieces:
+            self._pieces[token_id] = self.policy.chat.decode([token_id])
+        return self._pieces[token_id]
+
+    def _stop_hit(self, tokens: list[int], stops: tuple[str, ...], tails: set[str]) -> str | None:
+        """The stop string the completion ``tokens`` now contains, or None. Only decoded when the
+        newest token holds a stop string's last character; an earlier occurrence would have ended
+        it already, so a window of the last len(stop) tokens (each at least one character) suffices."""
+        if not any(c in self._piece(tokens[-1]) for c in tails):
+            return None
+        window = self.policy.chat.decode(tokens[-max(len(x) for x in stops):])
+        return next((x for x in stops if x in window), None)
+
+    def _text(self, tokens: list[int], stop: str | None) -> str:
+        text = self.policy.chat.decode(tokens)
+        return text if stop is None else text[: text.index(stop) + len(stop)]
 
     @staticmethod
     def _kv_state(cache, attn: torch.Tensor, j: int, prompt: PromptInput, tokens: list[int], next_position: int) -> KVState:

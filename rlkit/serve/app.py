@@ -142,6 +142,7 @@ def _sampling(req: ChatRequest, prompt_len: int, model_len: int, limits: ServeLi
         max_new_tokens=int(max_new),
         n=req.n or 1,
         seed=req.seed,
+        stop=req.stop_strings(),
     )
 
 
@@ -230,10 +231,17 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         prompt = build_prompt(chat, turns, sampled)
         sampling = _sampling(req, len(prompt.input_ids), host.max_model_len, limits)
         completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling)
+        choices = []
         for c in completions:
-            remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
+            stop = getattr(c, "stop_reason", None)
+            if stop is not None and not req.include_stop_str_in_output:
+                choices.append((c.text[: len(c.text) - len(stop)], c.finish_reason, stop))  # OpenAI: left out
+            else:  # the content is the sampled text: a later request that sends it back reuses the ids
+                if stop is None or chat.decode(c.token_ids) == c.text:  # (not when the last token reaches past the stop)
+                    remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
+                choices.append((c.text, c.finish_reason, stop))
         return completion_response(
-            req.model, [(c.text, c.finish_reason) for c in completions], prompt_tokens=len(prompt.input_ids),
+            req.model, choices, prompt_tokens=len(prompt.input_ids),
             completion_tokens=sum(len(c.token_ids) for c in completions), fingerprint=host.fingerprint(req.model),
         )
 

@@ -52,7 +52,7 @@ def _request_seed(base: int | None, task_seed: int, turn: int) -> int | None:
 
 
 def play_episode(client, model: str, env_spec, seed: int, max_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, sampling_seed: int | None = None) -> dict[str, Any]:
+                 top_p: float = 1.0, sampling_seed: int | None = None, stop: Sequence[str] = ()) -> dict[str, Any]:
     """Play task ``seed`` of ``env_spec`` with ``model`` behind ``client`` (an ``openai.OpenAI``).
 
     Args:
@@ -60,6 +60,8 @@ def play_episode(client, model: str, env_spec, seed: int, max_tokens: int, tempe
         temperature, top_p: sampling (temperature 0 = greedy).
         sampling_seed: None, or a base seed; each request then gets a seed derived from
             (sampling_seed, task seed, turn), so sampled episodes are reproducible.
+        stop: stop sequences (rlkit's rollout.stop, e.g. "</answer>"), sent with vLLM's
+            ``include_stop_str_in_output`` so the env reads the text a training rollout would have.
 
     Returns: {seed, success, turns, parse_failures, actions, finish_reasons, completion_tokens}
     (the per-task row of rlkit.evaluation plus finish reasons and tokens from ``usage``).
@@ -84,6 +86,7 @@ def play_episode(client, model: str, env_spec, seed: int, max_tokens: int, tempe
             resp = client.chat.completions.create(
                 model=model, messages=messages, temperature=temperature, top_p=top_p, max_tokens=max_tokens, n=1,
                 seed=_request_seed(sampling_seed, seed, len(actions)),
+                **({"stop": list(stop), "extra_body": {"include_stop_str_in_output": True}} if stop else {}),
             )
         except openai.APIStatusError as e:
             raise PlayError(f"{model} on task {seed}, turn {len(actions) + 1}: HTTP {e.status_code}: {e.message}") from e
@@ -107,7 +110,7 @@ def play_episode(client, model: str, env_spec, seed: int, max_tokens: int, tempe
 
 def play(client, model: str, env_spec, seeds: Sequence[int], max_tokens: int, temperature: float = 0.0,
          top_p: float = 1.0, sampling_seed: int | None = None, concurrency: int = 4,
-         progress=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+         progress=None, stop: Sequence[str] = ()) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Play one episode per task seed, ``concurrency`` at a time.
 
     Returns: (metrics, per_task): metrics eval/{success_rate, num_tasks, mean_turns, parse_failures,
@@ -117,7 +120,7 @@ def play(client, model: str, env_spec, seeds: Sequence[int], max_tokens: int, te
     rows: dict[int, dict[str, Any]] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, int(concurrency))) as pool:
         futures = {pool.submit(play_episode, client, model, env_spec, s, max_tokens, temperature, top_p,
-                               sampling_seed): i for i, s in enumerate(seeds)}
+                               sampling_seed, stop): i for i, s in enumerate(seeds)}
         try:
             for fut in concurrent.futures.as_completed(futures):
                 rows[futures[fut]] = fut.result()

@@ -154,13 +154,25 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     n: int | None = Field(default=None, ge=1, strict=True)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, strict=True)
+    # OpenAI: up to 4 sequences where generation stops; the returned content leaves the sequence out
+    # unless vLLM's extra field include_stop_str_in_output is true (rlkit's rollouts keep it)
+    stop: Union[Annotated[str, Field(strict=True)], list[Annotated[str, Field(strict=True)]], None] = None
+    include_stop_str_in_output: bool | None = Field(default=None, strict=True)
 
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (a lone string is one sequence; "" and [] are none)."""
+        if isinstance(self.stop, str):
+            return (self.stop,) if self.stop else ()
+        return tuple(self.stop or ())
+
+
+#: Most stop sequences per request (OpenAI's limit).
+MAX_STOP = 4
 
 #: Request fields whose non-neutral values cannot be honoured: field -> (is the value neutral?, why).
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "stream": (lambda v: v in (None, False), "streaming is not supported; send stream=false"),
     "stream_options": (lambda v: v is None, "stream_options needs streaming, which is not supported"),
-    "stop": (lambda v: v in (None, [], ""), "stop sequences are not supported (generation stops at the end-of-turn token)"),
     "tools": (lambda v: v in (None, []), "tools are not supported"),
     "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported"),
     "functions": (lambda v: v in (None, []), "functions are not supported"),
@@ -264,6 +276,10 @@ def parse_request(body: bytes) -> ChatRequest:
         req = ChatRequest.model_validate(data)
     except ValidationError as e:
         raise _validation_error(e) from None
+    stop = req.stop_strings()
+    if len(stop) > MAX_STOP or any(x == "" for x in stop):
+        raise APIError(400, f"'stop' takes at most {MAX_STOP} non-empty strings, got {len(stop)}"
+                       f"{' with an empty one' if '' in stop else ''}", param="stop", code="invalid_value")
     for key, (neutral, why) in UNSUPPORTED.items():
         try:
             ok = neutral(data.get(key))
@@ -355,11 +371,12 @@ def decode_image_url(url: str, limits: ServeLimits, param: str) -> DecodedImage:
 # ---------------------------------------------------------------------------------------- response
 
 
-def completion_response(model: str, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int,
+def completion_response(model: str, choices: list[tuple], prompt_tokens: int, completion_tokens: int,
                         fingerprint: str | None = None) -> dict[str, Any]:
     """A ``chat.completion`` object (OpenAI shape).
 
-    choices: (content, finish_reason) per choice, finish_reason "stop" or "length".
+    choices: (content, finish_reason[, stop_reason]) per choice, finish_reason "stop" or "length";
+    stop_reason (vLLM's field): the stop sequence that ended the choice, else None.
     prompt_tokens: prompt length in tokens (image placeholder tokens included).
     completion_tokens: sampled tokens over all choices, the end-of-turn token included (as vLLM counts).
     fingerprint: ``system_fingerprint`` (here: names the adapter weights served).
@@ -371,8 +388,9 @@ def completion_response(model: str, choices: list[tuple[str, str]], prompt_token
         "model": model,
         "system_fingerprint": fingerprint,
         "choices": [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
-            for i, (text, reason) in enumerate(choices)
+            {"index": i, "message": {"role": "assistant", "content": c[0]}, "logprobs": None, "finish_reason": c[1],
+             "stop_reason": c[2] if len(c) > 2 else None}
+            for i, c in enumerate(choices)
         ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},

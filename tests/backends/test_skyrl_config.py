@@ -199,6 +199,19 @@ def test_plan_mode_is_single_turn():
     assert g["max_turns"] == 1 and g["max_input_length"] == job.config["trainer"]["max_prompt_length"]
 
 
+def test_stop_strings_follow_the_env_unless_given():
+    """Plan mode's parser reads an <answer> block: turns stop at "</answer>" (the native rollout's
+    default too) and SkyRL closes them with the end-of-turn token; rollout.stop=[] turns it off."""
+    _, job = _job(["env=visgym"])
+    g = job.config["generator"]
+    assert g["sampling_params"]["stop"] == g["eval_sampling_params"]["stop"] == ["</answer>"]
+    assert g["append_eos_token_after_stop_str_in_multi_turn"] is True
+    _, job = _job(["env=visgym", "rollout.stop=[]"])
+    assert job.config["generator"]["sampling_params"]["stop"] is None
+    _, job = _job(["env=visgym_interactive"])  # upstream's tuple parser reads the whole text: no stop string
+    assert job.config["generator"]["sampling_params"]["stop"] is None
+
+
 def test_logger_mapping():
     _, job = _job(["logger.entity=lab", "logger.mode=offline", "logger.name=maze-8b"])
     assert job.config["trainer"]["logger"] == "wandb" and job.config["trainer"]["run_name"] == "maze-8b"

@@ -126,3 +126,39 @@ def test_bad_inputs_raise(policy):
         eng.generate([PromptInput(tt.input_ids)], SamplingParams())  # images missing
     with pytest.raises(ValueError, match="top_p"):
         eng.generate([PromptInput(tt.input_ids)], SamplingParams(top_p=0.0))
+
+
+def test_stop_strings_cut_the_completion_where_vllm_would(policy):
+    """A stop string ends a completion at the first token whose text completes it: the tokens are
+    the prefix of the unstopped greedy completion, the text is cut right after the stop string
+    (kept, as vLLM's include_stop_str_in_output=True), finish_reason "stop", stop_reason the string."""
+    eng = make_engine(policy)
+    chat = policy.chat
+    prompts = _prompts(policy, 3)
+    free = [g[0] for g in eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))]
+    ids = free[0].token_ids
+    stop = chat.decode(ids[3:5])  # text of tokens 3-4 of the first completion: it must stop by token 4
+    assert stop and "<|im_end|>" not in stop
+    cut = [g[0] for g in eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12, stop=(stop,)))]
+    hits = 0
+    for f, c in zip(free, cut):
+        if stop in f.text:
+            hits += 1
+            k = len(c.token_ids)
+            assert c.token_ids == f.token_ids[:k] and stop in chat.decode(c.token_ids)
+            assert stop not in chat.decode(c.token_ids[:-1])  # the first token that completes it
+            assert c.text == f.text[: f.text.index(stop) + len(stop)]
+            assert (c.finish_reason, c.stop_reason) == ("stop", stop)
+            assert c.logprobs == pytest.approx(f.logprobs[:k], abs=1e-5)
+        else:
+            assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (f.token_ids, f.text, f.finish_reason, None)
+    assert hits >= 1 and len(cut[0].token_ids) <= 5
+    # the turn is closed with <|im_end|> + "\n" (not sampled: loss mask 0 in a rollout)
+    assert chat.turn_end_ids("stop", stop) == chat.turn_end_ids("length") == [chat.im_end_id, *chat.newline_ids]
+    assert chat.turn_end_ids("stop") == list(chat.newline_ids)
+
+
+def test_bad_stop_strings_are_refused():
+    for bad in ("</answer>", ("",), (3,)):
+        with pytest.raises(ValueError, match="stop="):
+            SamplingParams(stop=bad).validate()

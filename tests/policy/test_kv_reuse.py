@@ -133,6 +133,25 @@ def test_cached_rollout_equals_reprefill(policy, temperature):
         assert (lp[i, : len(t.input_ids)][m] - got).abs().max().item() < 1e-4
 
 
+def test_cached_rollout_with_stop_strings_equals_reprefill(policy):
+    """Turns ended by a stop string keep their KV state like turns ended by <|im_end|>; the turn is
+    closed with <|im_end|> "\\n" (loss mask 0) before the next user turn."""
+    spec = _Spec(max_turns=4)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=11, stop=("e", "a"))
+    a = rollout(spec, policy, TransformersEngine(policy, reuse_kv=False), seeds=[1, 2], group_size=3,
+                sampling=sampling, policy_version=0)
+    b = rollout(spec, policy, TransformersEngine(policy, reuse_kv=True), seeds=[1, 2], group_size=3,
+                sampling=sampling, policy_version=0)
+    _assert_same(a, b)
+    by_string = [t.action_text for tr in b for t in tr.episode.turns if t.action_text.endswith(("e", "a"))]
+    assert by_string and max(len(tr.episode.turns) for tr in b) >= 2
+    im_end = policy.chat.im_end_id
+    for tr in b:  # a sampled <|im_end|> (loss mask 1) only in turns that no stop string ended
+        sampled = sum(1 for t, m in zip(tr.input_ids, tr.loss_mask) if t == im_end and m == 1)
+        by_end = [t for t in tr.episode.turns if t.finish_reason == "stop" and not set("ea") & set(t.action_text)]
+        assert sampled == len(by_end)
+
+
 def test_cached_rollout_on_visgym_interactive(policy):
     from envs.visgym import VisGymMaze
 

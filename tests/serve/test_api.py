@@ -103,6 +103,23 @@ def test_max_tokens_and_length_finish(client):
     assert c.finish_reason == "length" or resp.usage.completion_tokens <= 3
 
 
+def test_stop_sequences_end_the_choice_as_openai_and_vllm_do(client):
+    """The choice ends at the first stop sequence; the content leaves it out (OpenAI) unless vLLM's
+    include_stop_str_in_output is set; stop_reason names it (vLLM's field)."""
+    free = ask(client, "a", temperature=0, max_tokens=12).choices[0].message.content
+    stop = free[3:5]  # two characters from the middle of the greedy answer
+    assert len(stop) == 2 and stop.strip(), free
+    cut = free[: free.index(stop)]
+    left_out = ask(client, "a", temperature=0, max_tokens=12, stop=[stop, "zzzz"]).choices[0]
+    assert (left_out.message.content, left_out.finish_reason) == (cut, "stop")
+    assert left_out.model_extra.get("stop_reason") == stop
+    kept = ask(client, "a", temperature=0, max_tokens=12, stop=stop,
+               extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.message.content == cut + stop
+    never = ask(client, "a", temperature=0, max_tokens=12, stop=["\u00ff\u00fe"]).choices[0]
+    assert never.message.content == free and never.model_extra.get("stop_reason") is None
+
+
 # ------------------------------------------------------------------------------------- errors
 
 
@@ -137,7 +154,10 @@ ERROR_CASES = {
     "vision token in text": (dict(model="a", messages=[{"role": "user", "content": "<|image_pad|>"}]), 400,
                              "special token"),
     "streaming": (dict(model="a", messages=[{"role": "user", "content": "hi"}], stream=True), 400, "stream"),
-    "stop sequences": (dict(model="a", messages=[{"role": "user", "content": "hi"}], stop=["x"]), 400, "stop"),
+    "too many stop sequences": (dict(model="a", messages=[{"role": "user", "content": "hi"}],
+                                     stop=["a", "b", "c", "d", "e"]), 400, "at most 4"),
+    "empty stop sequence": (dict(model="a", messages=[{"role": "user", "content": "hi"}], stop=["x", ""]), 400,
+                            "non-empty"),
     "unknown part type": (dict(model="a", messages=[{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]), 400, "tag"),
     "body too large": (dict(model="a", messages=[{"role": "user", "content": "x" * 1_100_000}]), 413, "body"),

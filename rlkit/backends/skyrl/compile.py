@@ -46,7 +46,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.settings import SkyRLSettings
-from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig
+from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig, stop_strings
 from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 
 #: The SkyRL release whose config schema this module targets.
@@ -222,6 +222,7 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
         eval_seeds = eval_seeds[: eval_cfg.num_tasks]
 
     max_turns = int(env_spec.max_turns)
+    stop = stop_strings(rollout, env_spec)
     multi_turn = max_turns > 1
     max_input = settings.max_input_length if multi_turn else settings.max_prompt_length
     engine_kwargs = {"max_model_len": max_input + rollout.max_new_tokens, **settings.engine_init_kwargs}
@@ -331,9 +332,12 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
             "batched": False,
             "max_turns": max_turns,
             "max_input_length": max_input,
-            "sampling_params": _sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens),
+            "sampling_params": _sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
+                                         stop),
             "use_conversation_multi_turn": True,
-            "eval_sampling_params": _sampling(rollout.eval_temperature, 1.0, 0, rollout.max_new_tokens),
+            # a turn ended by a stop string is closed with the end-of-turn token, as rlkit's native rollout does
+            "append_eos_token_after_stop_str_in_multi_turn": True,
+            "eval_sampling_params": _sampling(rollout.eval_temperature, 1.0, 0, rollout.max_new_tokens, stop),
             "eval_n_samples_per_prompt": 1,
             "zero_reward_on_non_stop": False,
             "apply_overlong_filtering": bool(algo.overlong_filtering),
@@ -616,9 +620,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:120]
 
 
-def _sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> dict[str, Any]:
-    """SkyRL ``SamplingParams``; rlkit's top_k 0 (off) is vLLM's -1."""
+def _sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int,
+              stop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """SkyRL ``SamplingParams``; rlkit's top_k 0 (off) is vLLM's -1; no stop strings is vLLM's None."""
     return {
+        "stop": list(stop) or None,
         "max_generate_length": int(max_new_tokens),
         "temperature": float(temperature),
         "top_p": float(top_p),
