@@ -99,7 +99,7 @@ def main() -> None:
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out exact match")
+    axes[0][0].set_ylabel("held-out accuracy (wall_bits: per bit)")
     axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(out / "grounding_curve.png", dpi=110)

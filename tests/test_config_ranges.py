@@ -74,7 +74,7 @@ def test_every_typed_field_has_a_rule():
             "algorithm.overlong_filtering",
             "algorithm.adam_betas", "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
             "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",
-            "rollout.reuse_kv_cache",
+            "rollout.reuse_kv_cache", "rollout.stop",  # stop: SamplingParams.validate (non-empty strings)
             "grounding.enabled", "grounding.curriculum"}
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
                         ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig)]:

@@ -110,6 +110,7 @@ class OneCellMaze(VisGymMaze):
         return replace(ex, task="cell43", question="What is in row 4, column 3?", answer=answer, wall_bit=True)
 
 
+@pytest.mark.slow  # the default suite runs test_short_walls_run_reads_every_wall_bit, which reads all 12 bits
 def test_short_grounding_run_reads_the_image(tmp_path):
     """Trained on real images, the policy answers held-out mazes; its blind control (same model,
     steps and questions, one fixed image) can only learn the majority answer (about 50%).
@@ -134,3 +135,29 @@ def test_short_grounding_run_reads_the_image(tmp_path):
 
 GROUNDING_SIZES = dict(text_hidden=192, text_layers=4, text_heads=6, text_kv_heads=2, head_dim=32,
                        text_intermediate=512)
+
+
+def test_short_walls_run_reads_every_wall_bit(tmp_path):
+    """The ``walls`` transcription on rlkit's 7x7 maze (12 wall bits behind letter labels), as the
+    default grounding stage runs it: held-out wall-bit accuracy near 100% within ~100 steps, while
+    the blind control (the same steps, one fixed image) can only learn each bit's prior (~72%).
+
+    Measured (bf16, 1 thread): 94.5% at step 75, 99.5% at 100, 100% from 150; blind 72.5-74.4%
+    from step 75 to 300 (scripts/bench_grounding.py --env visgym_small --tasks walls)."""
+    from rlkit.policy import load_policy
+
+    env = VisGymMaze(variant="small", mode="plan", parser="plan")
+    sizes = {**GROUNDING_SIZES, "image_max_pixels": 3136}  # 56x56 px: one image token per maze cell
+    cfg = GroundingConfig(curriculum=[["walls"]], max_steps=150, batch_size=32, lr=1e-3, warmup_steps=20,
+                          eval_every=25, val_questions=64, target_accuracy=0.98)
+    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype="bfloat16")
+    image = train_grounding(env, policy, cfg)
+    assert image["final"]["wall_bits"] >= 0.95, image["history"]
+    steps = image["steps"]
+    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype="bfloat16")
+    blind = train_grounding(env, policy, GroundingConfig(**{**cfg.__dict__, "max_steps": steps,
+                                                              "eval_every": steps}), blind=True)
+    assert blind["steps"] == steps and blind["final"]["wall_bits"] <= 0.82, blind["history"]
+    assert image["final"]["wall_bits"] - blind["final"]["wall_bits"] >= 0.15
