@@ -470,16 +470,19 @@ class TransformersEngine:
 
     def _stop_hit(self, tokens: list[int], stops: tuple[str, ...], tails: set[str]) -> str | None:
         """The stop string the completion ``tokens`` now contains, or None. Only decoded when the
-        newest token holds a stop string's last character; an earlier occurrence would have ended
-        it already, so a window of the last len(stop) tokens (each at least one character) suffices."""
-        if not any(c in self._piece(tokens[-1]) for c in tails):
+        newest token holds a stop string's last character (or part of a character); an earlier
+        occurrence would have ended it already, so a window of the last 4 * len(stop) tokens suffices
+        (a UTF-8 character spans at most 4 byte-level tokens)."""
+        piece = self._piece(tokens[-1])
+        if "\ufffd" not in piece and not any(c in piece for c in tails):  # (a token may hold part of a character)
             return None
-        window = self.policy.chat.decode(tokens[-max(len(x) for x in stops):])
+        window = self.policy.chat.decode(tokens[-4 * max(len(x) for x in stops):])
         return next((x for x in stops if x in window), None)
 
     def _text(self, tokens: list[int], stop: str | None) -> str:
         text = self.policy.chat.decode(tokens)
-        return text if stop is None else text[: text.index(stop) + len(stop)]
+        at = -1 if stop is None else text.find(stop)
+        return text if at < 0 else text[: at + len(stop)]
 
     @staticmethod
     def _kv_state(cache, attn: torch.Tensor, j: int, prompt: PromptInput, tokens: list[int], next_position: int) -> KVState:

@@ -162,3 +162,15 @@ def test_bad_stop_strings_are_refused():
     for bad in ("</answer>", ("",), (3,)):
         with pytest.raises(ValueError, match="stop="):
             SamplingParams(stop=bad).validate()
+
+
+def test_stop_string_ending_inside_a_multibyte_character(policy):
+    """A stop string whose last character is split over byte-level tokens is still found: the
+    newest token alone decodes to U+FFFD, which also triggers the check."""
+    eng = make_engine(policy)
+    ids = policy.tokenizer("ab\u00e9")["input_ids"]
+    pieces = [eng._piece(i) for i in ids]
+    assert "".join(policy.chat.decode(ids)) == "ab\u00e9"
+    assert eng._stop_hit(ids, ("\u00e9",), {"\u00e9"}) == "\u00e9"
+    assert eng._stop_hit(ids[:-1], ("\u00e9",), {"\u00e9"}) is None or "\ufffd" in pieces[-1]
+    assert eng._text(ids, "\u00e9") == "ab\u00e9" and eng._text(ids, "zz") == "ab\u00e9"
