@@ -142,7 +142,7 @@ class GroundingConfig:
     with every task the env offers).
     """
 
-    enabled: bool = True
+    enabled: bool = False
     max_steps: int = 400
     batch_size: int = 32
     lr: float = 1e-3

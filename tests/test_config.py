@@ -86,6 +86,17 @@ def test_image_grid_follows_the_policy_and_env_choices():
         assert any(stem == f"{p}_{e}" for p in _options("policy") for e in _options("env")), stem
 
 
+def test_recipe_turns_grounding_on_only_for_the_tiny_policy_on_7x7():
+    # conf/recipe/tiny_vl_visgym_small.yaml, applied after train.yaml's own values
+    assert _compose([]).grounding.enabled is True
+    assert _compose(["env=visgym"]).grounding.enabled is False  # 9x9: the grounded warm start was worse
+    assert _compose(["grounding.enabled=false"]).grounding.enabled is False  # the command line still wins
+    assert _compose(["env=visgym", "grounding.enabled=true"]).grounding.enabled is True
+    assert _compose(["experiment=hyperpod_visgym"]).grounding.enabled is False
+    for stem in {p.stem for p in (CONF / "recipe").glob("*.yaml")}:
+        assert any(stem == f"{p}_{e}" for p in _options("policy") for e in _options("env")), stem
+
+
 def test_small_maze_image_is_one_token_per_cell():
     # the tiny processor's resize of a 7x7 maze picture at 3136 px: a 14x14 patch grid, merged 2x2 = 49 tokens
     from envs.visgym import VisGymMaze
