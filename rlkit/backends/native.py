@@ -184,8 +184,8 @@ class NativeRun:
     def _grounded_base(self) -> str | None:
         """Path of the visually grounded base checkpoint (rlkit.grounding), built when missing.
 
-        None when grounding is off, the env offers no grounding questions, or the policy is not a
-        tiny build (a pretrained checkpoint already reads images). Cached under paths.cache_dir/grounding/<hash of grounding, env and
+        None when grounding is off or the policy is not a tiny build (a pretrained checkpoint
+        already reads images). Cached under paths.cache_dir/grounding/<hash of grounding, env and
         policy configs>, built under a file lock and saved atomically, like the SFT warm start.
         """
         from rlkit.grounding import format_table, train_grounding
@@ -193,10 +193,6 @@ class NativeRun:
 
         cfg = self.cfg
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
-            return None
-        if not hasattr(self.env_spec, "grounding_example"):  # on by default: an env without questions skips it
-            self.progress.say(f"grounding: skipped: {type(self.env_spec).__name__} offers no grounding questions "
-                              "(EnvSpec.grounding_example); the warm start starts from the random build")
             return None
         key = sft_cache_key(cfg.grounding, cfg.env, cfg.policy)  # the same content hash, over the grounding config
         out_dir = Path(cfg.paths.cache_dir) / "grounding" / key

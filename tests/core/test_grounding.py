@@ -86,6 +86,14 @@ def test_walls_bits_are_scored_token_by_token(full_policy):
     assert table["walls"] == 0.0 and table["wall_bits"] == pytest.approx(11 / 12)
 
 
+def test_env_without_grounding_questions_is_refused_with_the_fix(full_policy):
+    class NoQuestions:
+        grounding_tasks = ()
+
+    with pytest.raises(ValueError, match="offers no grounding questions.*grounding.enabled=false"):
+        train_grounding(NoQuestions(), full_policy, GroundingConfig(max_steps=1))
+
+
 def test_unknown_task_is_refused(full_policy):
     with pytest.raises(ValueError, match="unknown"):
         train_grounding(VisGymMaze(), full_policy, GroundingConfig(curriculum=[["agent"], ["colour"]], max_steps=1))
