@@ -235,7 +235,8 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         for c in completions:
             stop = getattr(c, "stop_reason", None)
             if stop is not None and not req.include_stop_str_in_output:
-                choices.append((c.text[: len(c.text) - len(stop)], c.finish_reason, stop))  # OpenAI: left out
+                text = c.text[: -len(stop)] if c.text.endswith(stop) else c.text
+                choices.append((text, c.finish_reason, stop))  # OpenAI: the stop sequence is left out
             else:  # the content is the sampled text: a later request that sends it back reuses the ids
                 if stop is None or chat.decode(c.token_ids) == c.text:  # (not when the last token reaches past the stop)
                     remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
