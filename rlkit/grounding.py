@@ -54,12 +54,12 @@ def _bit_tokens(tokenizer: Any, answer_ids: Sequence[int], answer: str, offsets:
     span cannot be told) or an offset's token also holds another offset (two bits in one token
     cannot be scored apart).
     """
+    pieces = [tokenizer.decode([t]) for t in answer_ids]
     spans, pos = [], 0
-    for t in answer_ids:
-        piece = tokenizer.decode([t])
+    for piece in pieces:
         spans.append((pos, pos + len(piece)))
         pos += len(piece)
-    if "".join(tokenizer.decode([t]) for t in answer_ids) != answer:
+    if "".join(pieces) != answer:
         raise ValueError(f"the answer {answer[:40]!r} does not decode token by token; per-bit scoring needs it")
     found = [next(k for k, (a, b) in enumerate(spans) if a <= off < b) for off in offsets]
     if len(set(found)) != len(found):
