@@ -51,12 +51,19 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--control", default="fixed_image", choices=["fixed_image", "shuffled_reward", "none"],
                     help="the control run beside each seed (rlkit/controls.py); none = no control")
+    ap.add_argument("--reuse", action="store_true",
+                    help="a run folder that already holds a result.json is read, not trained again (re-plot a "
+                         "finished benchmark, or fill it with runs made side by side on other cores)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for train.py (after --)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     report = {"overrides": args.overrides, "target": args.target, "runs": []}
-    def train(run_dir: Path, seed: int, extra: list[str]) -> float:
+    def train(run_dir: Path, seed: int, extra: list[str]) -> float | None:
+        """Run train.py into run_dir; its wall time in seconds (None for a reused run)."""
+        if args.reuse and (run_dir / "result.json").is_file():
+            print(f"reusing {run_dir}", flush=True)
+            return None
         cmd = [sys.executable, str(ROOT / "train.py"), f"seed={seed}", "logger=console", *args.overrides, *extra,
                f"hydra.run.dir={run_dir}"]
         print("+", " ".join(cmd), flush=True)
@@ -86,7 +93,7 @@ def main() -> None:
         before = result["eval_success_before"]
         print(f"\nheadline: warm start {'-' if before is None else f'{before:.1%}'} -> {result['eval_success_after']:.1%} "
               f"after {result['steps_completed']} steps in {result['wall_time_s']:.0f} s (seed {seed}; "
-              f"{total:.0f} s with the one-time builds of a first run)")
+              + ("reused)" if total is None else f"{total:.0f} s with the one-time builds of a first run)"))
         if control is not None:
             c_res = control["result"]
             print(f"control {args.control}: warm start {c_res['eval_success_before']:.1%} -> "
