@@ -97,6 +97,17 @@ def test_recipe_turns_grounding_on_only_for_the_tiny_policy_on_7x7():
         assert any(stem == f"{p}_{e}" for p in _options("policy") for e in _options("env")), stem
 
 
+def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
+    # conf/recipe/tiny_vl_visgym_small.yaml: measured on 7x7 only (README, Headline); elsewhere train.yaml's values
+    default = _compose([])
+    assert (default.steps, default.algorithm.lr_schedule) == (300, "cosine")
+    nine = _compose(["env=visgym"])
+    assert (nine.steps, nine.algorithm.lr_schedule) == (150, "constant")
+    assert _compose(["steps=40"]).steps == 40  # the command line still wins
+    assert _compose(["algorithm.lr_schedule=constant"]).algorithm.lr_schedule == "constant"
+    assert _compose(["experiment=smoke"]).steps == 2
+
+
 def test_small_maze_image_is_one_token_per_cell():
     # the tiny processor's resize of a 7x7 maze picture at 3136 px: a 14x14 patch grid, merged 2x2 = 49 tokens
     from envs.visgym import VisGymMaze
