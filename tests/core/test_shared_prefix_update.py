@@ -64,8 +64,13 @@ def _assert_update_equal(policy, trajs, adv, **algo):
     (m_plain, g_plain, tok_plain), (m_shared, g_shared, tok_shared) = runs[False], runs[True]
     assert tok_shared < tok_plain  # the shared path ran: fewer token positions through the model
     assert float(g_plain.abs().max()) > 0
-    assert torch.allclose(g_plain, g_shared, atol=1e-6 * float(g_plain.abs().max()) + 1e-8, rtol=1e-4), \
-        float((g_plain - g_shared).abs().max())
+    # float32 rounding, relative to the gradient's scale: the two paths sum in different orders, and
+    # oneDNN's kernels (AMX / AVX-512 machines differ) set how far apart: up to 1.9e-5 x max|g| seen on
+    # one element here. A wrong prefix gradient is off by O(max|g|).
+    err = float((g_plain - g_shared).abs().max()) / float(g_plain.abs().max())
+    print(f"max |g_plain - g_shared| / max |g_plain| = {err:.2e}; norm ratio "
+          f"{float((g_plain - g_shared).norm() / g_plain.norm()):.2e}")
+    assert err < 1e-4, err
     for key in ("policy/loss", "policy/pg_loss", "policy/entropy", "policy/approx_kl", "policy/kl", "policy/grad_norm"):
         if key in m_plain:
             assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-6), key
