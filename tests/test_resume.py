@@ -17,8 +17,10 @@ from safetensors.torch import load_file
 from tests.observability.wandb_reader import assert_wandb_matches_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+# a constant lr: the lr checks below read the base lr itself (the default recipe's cosine would scale it by
+# the step's factor, 0.5 at step 2 of 2)
 BASE = ["experiment=smoke", "steps=4", "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=2",
-        "eval.num_tasks=2", "trainer.deterministic=true"]
+        "eval.num_tasks=2", "trainer.deterministic=true", "algorithm.lr_schedule=constant"]
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +206,14 @@ def test_resume_applies_changed_lr_and_steps_and_records_them(tmp_path, cache):
     assert proc.returncode != 0
     assert ("change the experiment: algorithm.update_epochs (1 -> 2), rollout.top_p (1.0 -> 0.9). On resume only "
             "these may change: steps, lr, trainer") in proc.stderr
+
+
+def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
+    # the default recipe's schedule: a resumed run with a new `steps` decays to 0 at the new total, not the old
+    run = tmp_path / "run"
+    _train(run, cache, ["steps=1", "algorithm.lr_schedule=cosine"])
+    _train(run, cache, ["steps=3", "algorithm.lr_schedule=cosine"])
+    lrs = {s["step"]: s["policy/lr"] for s in _steps(run) if "policy/lr" in s}
+    # policy/lr is the lr step k ran with: 1e-3 x 0.5 * (1 + cos(pi * (k - 1) / total)); step 1 under steps=1,
+    # steps 2 and 3 under the new total 3 (the old total would have given step 2 an lr of 0)
+    assert lrs == {1: pytest.approx(1e-3), 2: pytest.approx(1e-3 * 0.75), 3: pytest.approx(1e-3 * 0.25)}

@@ -306,16 +306,21 @@ class NativeRun:
     def _apply_resume_changes(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:
         """Make the resumed run use its new settings (RESUMABLE_KEYS) and record them in resumes.jsonl.
 
-        ``lr``: the checkpoint's optimizer and scheduler carry the old base lr; replace it, keeping
-        the schedule's factor at the resumed step. The other keys are read from cfg as the loop goes.
+        ``lr``: the checkpoint's optimizer and scheduler carry the old base lr; replace it. ``steps``:
+        the scheduler was built for the new total (a cosine stretches to it), but the loaded optimizer
+        holds the lr the old total gave the resumed step. Either way the resumed step's lr is set to the
+        new base lr x the new schedule's factor at that step. The other keys are read from cfg as the
+        loop goes.
         """
         if "lr" in changes:
             lr = float(self.cfg.lr)
-            factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
             self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
             for group in self.optimizer.param_groups:
                 group["initial_lr"] = lr
-                group["lr"] = lr * factor
+        if "lr" in changes or "steps" in changes:
+            factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = base * factor
             self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         if changes:
             shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in ((k, *v) for k, v in sorted(changes.items())))
