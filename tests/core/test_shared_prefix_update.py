@@ -68,8 +68,6 @@ def _assert_update_equal(policy, trajs, adv, **algo):
     # oneDNN's kernels (AMX / AVX-512 machines differ) set how far apart: up to 1.9e-5 x max|g| seen on
     # one element here. A wrong prefix gradient is off by O(max|g|).
     err = float((g_plain - g_shared).abs().max()) / float(g_plain.abs().max())
-    print(f"max |g_plain - g_shared| / max |g_plain| = {err:.2e}; norm ratio "
-          f"{float((g_plain - g_shared).norm() / g_plain.norm()):.2e}")
     assert err < 1e-4, err
     for key in ("policy/loss", "policy/pg_loss", "policy/entropy", "policy/approx_kl", "policy/kl", "policy/grad_norm"):
         if key in m_plain:
