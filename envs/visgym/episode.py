@@ -31,6 +31,13 @@ from rlkit.types import Observation, StepOutput
 
 MODES = ("interactive", "plan")
 
+#: What a move into a wall does. ``stay``: the agent stays in place and the episode goes on (upstream
+#: VisGym maze_2d). ``fail``: the episode ends there, unsuccessful. In plan mode ``stay`` makes a bump
+#: free (no turn is lost, no feedback is read), so a plan can pad a route with moves that only help when
+#: they hit a wall: measured on 7x7, 300 GRPO steps took greedy success 45.3% -> 71.9% while plans that
+#: reach the goal without a bump fell from 29 to 18 of 64 (README). ``fail`` makes success mean a route.
+WALL_MOVES = ("stay", "fail")
+
 #: Parsers allowed per mode.
 MODE_PARSERS: dict[str, tuple[str, ...]] = {
     "interactive": ("tuple", "tuple_answer", "tuple_lenient", "keyword"),
@@ -86,12 +93,14 @@ class MazeEpisode:
         parser: parser name valid for the mode (see ``MODE_PARSERS``).
         budget: interactive: policy turns (only shown in the prompt and feedback; the harness
             enforces it); plan: the most actions (stop included) executed from one plan.
+        wall_move: what a move into a wall does (``WALL_MOVES``): "stay" (upstream) or "fail" (the
+            episode ends there, unsuccessful; per-turn info ``hit_wall`` True).
 
     Raises:
-        ValueError: unknown mode, a parser not valid for the mode, budget < 1.
+        ValueError: unknown mode or wall_move, a parser not valid for the mode, budget < 1.
     """
 
-    def __init__(self, env: gym.Env, mode: str, parser: str, budget: int):
+    def __init__(self, env: gym.Env, mode: str, parser: str, budget: int, wall_move: str = "stay"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if parser not in MODE_PARSERS[mode]:
@@ -100,6 +109,10 @@ class MazeEpisode:
             )
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
+        if wall_move not in WALL_MOVES:
+            raise ValueError(f"wall_move must be one of {WALL_MOVES}, got {wall_move!r}")
+        self.wall_move = wall_move
+        self._hit_wall = False
         self.env = env
         self.mode = mode
         self.parser_name = parser
@@ -119,7 +132,7 @@ class MazeEpisode:
         """Start task ``seed``; returns the first user message (maze image + a short question)."""
         self._obs, info = self.env.reset(seed=int(seed))
         self._info = dict(info)
-        self._done = self._success = False
+        self._done = self._success = self._hit_wall = False
         self._turn = 0
         self._start_bfs = int(info["bfs_distance"])
         text = (
@@ -170,8 +183,14 @@ class MazeEpisode:
         return Image.fromarray(self._obs)
 
     def _apply(self, action: int) -> tuple[float, bool]:
+        before = self._info["agent"]
         self._obs, reward, terminated, _, info = self.env.step(action)
         self._info = dict(info)
+        if self.wall_move == "fail" and action != STOP and info["agent"] == before:
+            # the move was refused by a wall: under "fail" the episode ends here, unsuccessful
+            self._hit_wall = self._done = True
+            self._info["feedback"] = f"Wall: moving {MOVE_NAMES[action]} hit a wall; the episode ends."
+            return float(reward), True
         if terminated:
             self._done = True
             self._success = action == STOP and info["agent"] == info["goal"] and reward > 0
@@ -190,6 +209,7 @@ class MazeEpisode:
             "feedback": feedback,
             "action": action,
             "turn": self._turn,
+            "hit_wall": self._hit_wall,
         }
 
     def _step_interactive(self, parsed, reason: str) -> StepOutput:
@@ -224,6 +244,8 @@ class MazeEpisode:
         self._done = True
         if self._success:
             feedback = "You stopped on the goal."
+        elif self._hit_wall:
+            feedback = f"Step {executed} ({MOVE_NAMES[parsed.actions[executed - 1]]}) hit a wall; route failed."
         elif executed and parsed.actions[executed - 1] == STOP:
             feedback = "You stopped off the goal."
         elif len(parsed.actions) > self.budget:

@@ -5,7 +5,7 @@ module registers on import. SkyRL creates it with ``skyrl_gym.make(env_class, en
 extras=...)``:
 
 - ``env_config``: a mapping of ``VisGymMaze`` arguments (variant, mode, max_turns, parser,
-  cell_size, impl); an unknown key fails with TypeError. Missing keys take VisGymMaze's defaults.
+  cell_size, impl, wall_move); an unknown key fails with TypeError. Missing keys take VisGymMaze's defaults.
 - ``extras``: the dataset row's extra fields. The task seed is ``extras["seed"]`` or
   ``extras["extra_info"]["seed"]`` (required). SkyRL's generator also puts its ``max_turns`` there;
   it must equal the spec's policy turns (``VisGymMaze.max_turns``: ``max_turns`` in interactive

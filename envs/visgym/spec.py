@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from envs.visgym.episode import MODE_PARSERS, MODES, MazeEpisode, demonstration_texts, solution_actions
+from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
 ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "tuple_answer")
@@ -124,6 +124,10 @@ class VisGymMaze:
             plan: "plan".
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
+        wall_move: what a move into a wall does: "stay" (upstream VisGym: the agent stays in place)
+            or "fail" (the episode ends there, unsuccessful). rlkit's plan-mode configs use "fail": with
+            "stay" a plan can pad its route with moves that are free when they hit a wall, and GRPO
+            learns that padding instead of routes (envs/visgym/episode.py WALL_MOVES).
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -142,6 +146,7 @@ class VisGymMaze:
         parser: str = "tuple",
         cell_size: int = DEFAULT_CELL_SIZE,
         impl: str = "native",
+        wall_move: str = "stay",
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -155,6 +160,8 @@ class VisGymMaze:
             raise ValueError(f"env.max_turns must be an int >= 1, got {max_turns!r}")
         if isinstance(cell_size, bool) or not isinstance(cell_size, int) or cell_size < 4:
             raise ValueError(f"env.cell_size must be an int >= 4 pixels, got {cell_size!r}")
+        if wall_move not in WALL_MOVES:
+            raise ValueError(f"env.wall_move must be one of {WALL_MOVES}, got {wall_move!r}")
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if impl == "upstream":
@@ -174,6 +181,7 @@ class VisGymMaze:
         self.parser = parser
         self.cell_size = cell_size
         self.impl = impl
+        self.wall_move = wall_move
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -188,7 +196,7 @@ class VisGymMaze:
     def __repr__(self) -> str:
         return (
             f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
-            f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r})"
+            f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r})"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------
@@ -199,7 +207,8 @@ class VisGymMaze:
             env = MazeEnv(variant=self.variant, cell_size=self.cell_size)
         else:
             env = UpstreamMazeEnv(variant=self.variant)
-        return MazeEpisode(env, mode=self.mode, parser=self.parser, budget=self.action_budget)
+        return MazeEpisode(env, mode=self.mode, parser=self.parser, budget=self.action_budget,
+                           wall_move=self.wall_move)
 
     def eval_seeds(self) -> list[int]:
         """Task seeds of the fixed evaluation set (easy, hard: 0..63)."""

@@ -227,3 +227,50 @@ def test_upstream_impl_without_the_fork_says_how_to_install():
     with pytest.raises(ImportError, match="pip install -e") as exc:
         VisGymMaze(impl="upstream")
     assert "impl=native" in str(exc.value) and "maze_2d/easy" in str(exc.value)
+
+
+def test_wall_move_fail_ends_a_plan_at_its_first_bump():
+    # 7x7 seed 0 (hand-checked):      #######
+    #                                  #...#G#   start A (5, 1), goal G (1, 5),
+    #                                  #.###.#   shortest route: right right up up right right up up
+    #                                  #.....#
+    #                                  ###.###
+    #                                  #A....#
+    #                                  #######
+    route = "right right up up right right up up"
+    padded = f"<answer>{route} right right stop</answer>"  # two bumps into the border on the goal
+    detour = "<answer>right right up up left left right right right right up up stop</answer>"  # dead end and back
+    lenient = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    strict = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17, wall_move="fail")
+    assert lenient.wall_move == "stay" and "wall_move='fail'" in repr(strict)
+    env = lenient.make()
+    env.reset(0)
+    out = env.step(padded)
+    assert env.success() and out.info["hit_wall"] is False and out.info["actions_executed"] == 11
+    env = strict.make()
+    env.reset(0)
+    out = env.step(padded)
+    assert out.done and not env.success() and out.reward == 0.0
+    assert out.info["hit_wall"] is True and out.info["actions_executed"] == 9 and out.info["agent"] == [1, 5]
+    assert "hit a wall" in out.info["feedback"] and out.info["action"] == route + " right"
+    for text in (f"<answer>{route} stop</answer>", detour):
+        env.reset(0)
+        out = env.step(text)
+        assert env.success() and out.info["hit_wall"] is False, text
+    # a bump in the middle of an otherwise right route
+    env.reset(0)
+    out = env.step("<answer>up right right up up right right up up stop</answer>")
+    assert not env.success() and out.info["actions_executed"] == 1 and out.info["agent"] == [5, 1]
+
+
+def test_wall_move_fail_ends_an_interactive_episode():
+    spec = VisGymMaze(variant="small", mode="interactive", parser="keyword", max_turns=17, wall_move="fail")
+    env = spec.make()
+    env.reset(0)
+    out = env.step("<action>right</action>")
+    assert not out.done and out.info["agent"] == [5, 2]
+    out = env.step("<action>down</action>")  # row 6 is the border
+    assert out.done and out.observation is None and not env.success() and out.info["hit_wall"] is True
+    assert "hit a wall" in out.info["feedback"]
+    with pytest.raises(ValueError, match="wall_move"):
+        VisGymMaze(variant="small", wall_move="bounce")
