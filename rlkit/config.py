@@ -22,8 +22,9 @@ class AlgorithmConfig:
 
     Batch geometry: a step samples ``tasks_per_step`` tasks x ``group_size`` samples = N sequences.
     The update makes ``update_epochs`` passes; each pass splits the N sequences into mini-batches of
-    ``mini_batch_size`` sequences (one optimizer step each), each computed in micro-batches of
-    ``micro_batch_size`` sequences (gradient accumulation).
+    ``mini_batch_size`` sequences (one optimizer step each; with the shared-prefix update, whole
+    groups packed up to ``mini_batch_size``), each computed in micro-batches of ``micro_batch_size``
+    sequences (gradient accumulation).
     """
 
     name: str = "grpo"

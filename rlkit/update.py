@@ -1,7 +1,8 @@
 """The GRPO policy update over one step's trajectories (mini-batches, micro-batches, accumulation).
 
 For each of ``update_epochs`` passes, the N sequences are shuffled and split into mini-batches of
-``mini_batch_size`` sequences; each mini-batch is one optimizer step, its gradient accumulated over
+``mini_batch_size`` sequences (whole groups where the sizes allow: ``minibatches``); each
+mini-batch is one optimizer step, its gradient accumulated over
 micro-batches of ``micro_batch_size`` sequences. Micro-batch losses are weighted so the accumulated
 gradient equals the gradient of the mini-batch loss under the configured reduction (token_mean:
 by the micro-batch's share of policy tokens; sequence reductions: by its share of sequences).
@@ -92,9 +93,7 @@ def grpo_update(
     sums: dict[str, float] = {}
     n_opt = 0
     for _ in range(cfg.update_epochs):
-        order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
-        for start in range(0, len(order), mini):
-            batch = order[start : start + mini]
+        for batch in minibatches(trajectories, keep, mini, generator):
             stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
             if not torch.isfinite(grad_norm):
@@ -125,6 +124,28 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     if cfg.overlong_filtering:
         keep = [i for i in keep if getattr(trajectories[i], "num_truncated_turns", 0) == 0]
     return keep
+
+
+def minibatches(trajs: list[Trajectory], keep: list[int], mini: int, generator: torch.Generator) -> list[list[int]]:
+    """One epoch's mini-batches (lists of trajectory indices) of the kept sequences ``keep``.
+
+    One mini-batch (``mini >= len(keep)``): the kept sequences in a shuffled order (one
+    ``torch.randperm`` of ``generator``). Several: the groups (``Trajectory.group``; a sequence without
+    one is its own group) in a shuffled order (one randperm over groups), their members concatenated
+    and cut every ``mini`` sequences, so a mini-batch holds whole groups where the sizes allow
+    (mini_batch_size 16 or 32 with groups of 8). Whole groups keep the shared-prefix forward's saving:
+    cut by sequence, mini_batch_size=16 on 8 groups of 8 ran each group's prompt ~4 times a step
+    (update 0.8 -> 1.6 s). Used by the single-process update and by rlkit.distributed.update alike.
+    """
+    if mini >= len(keep):
+        return [[keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]]
+    groups: dict[object, list[int]] = {}
+    for i in keep:
+        g = getattr(trajs[i], "group", None)
+        groups.setdefault(("seq", i) if g is None else g, []).append(i)
+    members = list(groups.values())
+    order = [i for g in torch.randperm(len(members), generator=generator).tolist() for i in members[g]]
+    return [order[start : start + mini] for start in range(0, len(order), mini)]
 
 
 def use_shared_prefix(policy: Any, cfg: AlgorithmConfig) -> bool:

@@ -11,7 +11,7 @@ policy tokens, the sequence reductions by its share of sequences.
 Here (same result, up to float summation order):
 
 1. ``plan_update`` (the driver) filters and shuffles exactly like grpo_update, drawing from the same
-   generator in the same way (one ``torch.randperm`` per epoch, none when nothing is kept), so the
+   generator in the same way (rlkit.update.minibatches: one ``torch.randperm`` per epoch, none when nothing is kept), so the
    checkpointed shuffle state evolves as in a single-process run. Each mini-batch is split into
    ``world_size`` contiguous shares whose sizes differ by at most one (N / world_size sequences per
    rank), and carries the mini-batch's global token and sequence counts.
@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
-from rlkit.update import kept_sequences, micro_batch_loss, order_by_group
+from rlkit.update import kept_sequences, micro_batch_loss, minibatches, order_by_group
 
 
 @dataclass
@@ -104,9 +104,7 @@ def plan_update(
     micro = max(cfg.micro_batch_size, 1)
     payloads = [RankPayload(rank=r) for r in range(world_size)]
     for _ in range(cfg.update_epochs):
-        order = [keep[j] for j in torch.randperm(len(keep), generator=generator).tolist()]
-        for start in range(0, len(order), mini):
-            batch = order[start : start + mini]
+        for batch in minibatches(trajectories, keep, mini, generator):
             if world_size == 1 and cfg.shared_prefix:
                 batch = order_by_group(trajectories, batch)  # as grpo_update: whole groups per micro-batch
             shares = split_even(batch, world_size)

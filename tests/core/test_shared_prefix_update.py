@@ -154,3 +154,35 @@ def test_supervised_batch_shares_the_system_prompt_exactly(policy, plan_env):
     assert l_shared == pytest.approx(l_plain, rel=1e-6)
     assert float(g_plain.abs().max()) > 0
     assert torch.allclose(g_plain, g_shared, atol=1e-6 * float(g_plain.abs().max()) + 1e-8, rtol=1e-4)
+
+
+def test_minibatches_hold_whole_groups_and_run_each_prompt_once(policy, plan_env):
+    from rlkit.update import minibatches
+
+    class T:
+        def __init__(self, group):
+            self.group = group
+
+    trajs = [T(i // 4) for i in range(16)]  # 4 groups of 4
+    gen = torch.Generator().manual_seed(0)
+    batches = minibatches(trajs, list(range(16)), 8, gen)
+    assert [len(b) for b in batches] == [8, 8] and sorted(i for b in batches for i in b) == list(range(16))
+    for b in batches:  # two whole groups each
+        assert len({i // 4 for i in b}) == 2
+        assert all(sum(1 for j in b if j // 4 == i // 4) == 4 for i in b)
+    # the groups' order is the generator's: another seed draws another pairing or order
+    orders = {tuple(map(tuple, minibatches(trajs, list(range(16)), 8, torch.Generator().manual_seed(s)))) for s in range(8)}
+    assert len(orders) > 1
+    # one mini-batch: a shuffle of the sequences (unchanged draws); no group: each sequence its own
+    ref = torch.Generator().manual_seed(1)
+    assert minibatches(trajs, list(range(16)), 16, torch.Generator().manual_seed(1)) == [torch.randperm(16, generator=ref).tolist()]
+    plain = [object() for _ in range(6)]
+    ref = torch.Generator().manual_seed(2)
+    order = torch.randperm(6, generator=ref).tolist()
+    assert minibatches(plain, list(range(6)), 4, torch.Generator().manual_seed(2)) == [order[:4], order[4:]]
+    # in the update: mini-batches of whole groups run each group's prompt once (token positions counted)
+    policy = _perturbed(policy)
+    batch, adv = _batch(policy, plan_env)  # 2 groups of 4
+    _, _, tok_all = _update_grad(policy, batch, adv, AlgorithmConfig(micro_batch_size=8))
+    _, _, tok_mini = _update_grad(policy, batch, adv, AlgorithmConfig(micro_batch_size=8, mini_batch_size=4))
+    assert tok_mini == tok_all
