@@ -173,3 +173,39 @@ def test_stop_string_ending_inside_a_multibyte_character(policy):
     assert eng._stop_hit(ids, ("\u00e9",), {"\u00e9"}) == "\u00e9"
     assert eng._stop_hit(ids[:-1], ("\u00e9",), {"\u00e9"}) is None  # only its first byte so far
     assert eng._text(ids, "\u00e9") == "ab\u00e9" and eng._text(ids, "zz") == "ab\u00e9"
+
+
+def test_preallocated_decode_matches_transformers_cache(policy, monkeypatch):
+    """Decoding into _GrowingLayer's buffer (attention over the whole zero-filled buffer, the unfilled
+    positions masked) samples what transformers' DynamicLayer (a cache as long as its tokens) samples."""
+    from rlkit.policy import engine as engine_mod
+
+    prompts = _prompts(policy, 3)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=3, seed=9)
+    grown = TransformersEngine(policy).generate(prompts, sp)
+    monkeypatch.setattr(engine_mod, "_PREALLOCATE", False)
+    plain = TransformersEngine(policy).generate(prompts, sp)
+    lengths = set()
+    for gg, gp in zip(grown, plain):
+        for cg, cp in zip(gg, gp):
+            assert cg.token_ids == cp.token_ids
+            assert max(abs(x - y) for x, y in zip(cg.logprobs, cp.logprobs)) < 1e-5
+            lengths.add(len(cg.token_ids))
+    assert max(lengths) == 10
+
+
+def test_growing_layer_hands_attention_its_whole_buffer():
+    from rlkit.policy.engine import _GrowingLayer
+
+    keys, values = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
+    layer = _GrowingLayer(keys, values, reserve=3)
+    assert layer.get_mask_sizes(1) == (8, 0)
+    k, v = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert k.shape == v.shape == (2, 1, 8, 4) and k.is_contiguous()
+    assert torch.equal(k[:, :, :5], keys) and torch.equal(k[:, :, 5], torch.ones(2, 1, 4))
+    assert torch.equal(k[:, :, 6:], torch.zeros(2, 1, 2, 4))  # unfilled: zeros, masked by the announced size
+    assert layer.get_seq_length() == 6 and layer.keys.shape == (2, 1, 6, 4)
+    layer.update(torch.ones(2, 1, 2, 4), torch.ones(2, 1, 2, 4))
+    assert layer.get_mask_sizes(1) == (24, 0)  # out of room: it grows before announcing the size
+    k, _ = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert k.shape[2] == 24 and layer.get_seq_length() == 9
