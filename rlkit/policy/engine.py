@@ -209,13 +209,24 @@ class TransformersEngine:
         reuse_kv: multi-turn rollouts keep each episode's KV cache across turns and prefill only the
             new tokens (``generate_cached``; rlkit.rollout reads this flag). False: every turn
             re-prefills the whole conversation (``generate``), as before.
+        share_prompt_prefix: with ``share_prefill``, the distinct prompts of a call also share the token
+            prefix they have in common before their first image (the system prompt and the user turn's
+            header: 90 of the 159 tokens of a VisGym plan prompt): it is prefilled once and the prompts
+            continue from its KV cache, as a later turn continues from its conversation's (``KVState``).
+            Same tokens and logprobs as prefilling each prompt whole, within float32 rounding
+            (tests/policy/test_engine.py).
     """
 
-    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True, reuse_kv: bool = True) -> None:
+    #: Shortest common prompt prefix worth its own forward (tokens).
+    MIN_SHARED_PROMPT_PREFIX = 16
+
+    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True, reuse_kv: bool = True,
+                 share_prompt_prefix: bool = True) -> None:
         self.policy = policy
         self.max_batch_rows = int(max_batch_rows)
         self.share_prefill = bool(share_prefill)
         self.reuse_kv = bool(reuse_kv)
+        self.share_prompt_prefix = bool(share_prompt_prefix)
         self.last_stats = GenerateStats()
         self._pieces: dict[int, str] = {}  # token id -> its text, for the stop-string check
         self.adapter_info = None
@@ -322,6 +333,13 @@ class TransformersEngine:
         """
         model = self.policy.model
         chat = self.policy.chat
+        shared = None  # prompt_tokens counts the tokens prefilled: a shared prompt prefix once
+        if all(s is None for s in states) and self.share_prefill and self.share_prompt_prefix:
+            shared = self._common_prompt_prefix(prompts, device)
+            if shared is not None:
+                states = [shared] * len(prompts)
+                stats.prompt_tokens += shared.num_tokens
+                stats.extra["shared_prompt_tokens"] = stats.extra.get("shared_prompt_tokens", 0) + shared.num_tokens
         if all(s is None for s in states):
             batch = sequence_batch(model, prompts, pad_token_id=chat.pad_id, padding_side="left", device=device)
             next_pos = batch.position_ids.masked_fill(batch.attention_mask[None] == 0, -1).amax(dim=(0, 2)) + 1  # [B]
@@ -360,9 +378,15 @@ class TransformersEngine:
         next_pos = pos.masked_fill(~real, -1).amax(dim=(0, 2)) + 1  # [B]
         c_max = max(cached)
         ref = next(s for s in states if s is not None)
+        same = all(st is ref for st in states)  # one state for every prompt (a shared prompt prefix)
         kv = []
         for layer in range(len(ref.keys)):
             h, _, d = ref.keys[layer].shape
+            if same:  # [B, H_kv, C, D]
+                keys = ref.keys[layer].unsqueeze(0).expand(b, -1, -1, -1).contiguous()
+                values = ref.values[layer].unsqueeze(0).expand(b, -1, -1, -1).contiguous()
+                kv.append((keys, values))
+                continue
             keys = ref.keys[layer].new_zeros(b, h, c_max, d)  # [B, H_kv, C_max, D]
             values = ref.values[layer].new_zeros(b, h, c_max, d)
             for i, st in enumerate(states):
@@ -379,8 +403,40 @@ class TransformersEngine:
                     pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, use_cache=True,
                     logits_to_keep=1)
         stats.prompt_tokens += sum(batch.lengths)
-        stats.extra["cached_tokens"] = stats.extra.get("cached_tokens", 0) + sum(cached)
+        if shared is None:  # tokens taken from kept conversation states
+            stats.extra["cached_tokens"] = stats.extra.get("cached_tokens", 0) + sum(cached)
         return out, attn, next_pos
+
+    def _common_prompt_prefix(self, prompts, device) -> KVState | None:
+        """The KVState of the token prefix all ``prompts`` share, cut before the first image or video
+        placeholder and leaving every prompt at least one token of its own; None for fewer than 2
+        prompts or a prefix shorter than MIN_SHARED_PROMPT_PREFIX. Text only, so its mrope positions
+        are 0..P-1 and the prompts' own tokens continue at P (the translation invariance _prefill's
+        states path relies on)."""
+        if len(prompts) < 2:
+            return None
+        from rlkit.policy.logprobs import _common_prefix_len, model_config
+
+        ids = [_ids_list(p.input_ids) for p in prompts]
+        first = ids[0]
+        cut = min(len(x) for x in ids) - 1
+        for other in ids[1:]:
+            if cut < self.MIN_SHARED_PROMPT_PREFIX:
+                return None
+            cut = min(cut, _common_prefix_len(first[:cut], other[:cut]))
+        cfg = model_config(self.policy.model)
+        vision = {int(cfg.image_token_id), int(getattr(cfg, "video_token_id", cfg.image_token_id))}
+        cut = next((j for j in range(cut) if first[j] in vision), cut)
+        if cut < self.MIN_SHARED_PROMPT_PREFIX:
+            return None
+        prefix = PromptInput(input_ids=first[:cut])
+        batch = sequence_batch(self.policy.model, [prefix], pad_token_id=self.policy.chat.pad_id, padding_side="left",
+                               device=device)
+        out = self.policy.model(**batch.model_inputs(), use_cache=True, logits_to_keep=1)
+        layers = out.past_key_values.layers
+        return KVState(keys=[layer.keys[0] for layer in layers], values=[layer.values[0] for layer in layers],
+                       input_ids=list(prefix.input_ids), num_images=0,
+                       next_position=int(batch.position_ids.amax()) + 1)
 
     def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device,
                         keep: bool = False) -> tuple[list[list[Completion]], list[list[KVState]]]:
