@@ -10,12 +10,13 @@ the forward reads; an image seen before (equal grid and pixels, compared exactly
 others are encoded together in one call of the tower, as before.
 
 Exactness: the tower encodes each image separately (per-image attention through ``cu_seqlens``; the linear
-layers act row by row), so kept features are the ones a fresh call computes, as long as the tower's
+layers act row by row), so kept features are the ones a fresh call computes (bitwise here, fp32 and bf16; a
+BLAS whose rounding depended on the batch's row count would differ within rounding), as long as the tower's
 weights are the ones that made them. The cache is bypassed while any vision parameter requires grad (full
-fine-tuning, ``lora.include_vision``: the features need their graph), and emptied whenever a vision
-parameter changed (its in-place version counter or storage moved: an optimizer step, ``load_state_dict``,
-a new adapter that reaches the tower). tests/policy/test_vision_cache.py checks that logprobs and gradients
-with it equal those without it.
+fine-tuning, ``lora.include_vision``: the features need their graph) or is sharded (FSDP's DTensors), and
+emptied whenever a vision parameter changed (its in-place version counter or storage moved: an optimizer
+step, ``load_state_dict``, a new adapter that reaches the tower). tests/policy/test_vision_cache.py checks
+that logprobs and gradients with it equal those without it.
 
 Measured (bf16, 1 thread, bench_vs_trl's issue 15 workload): the tower's patch embedding (a Conv3d, slow on
 CPU in bf16) and blocks were ~10% of a GRPO step, about half of it in the update.
@@ -58,7 +59,7 @@ class VisionFeatureCache:
         """None when the tower trains (bypass); else what changes whenever a vision weight does."""
         sig = []
         for p in self.visual.parameters():
-            if p.requires_grad:
+            if p.requires_grad or type(p.data) is not torch.Tensor:  # trains, or sharded (an FSDP DTensor)
                 return None
             sig.append((p._version, p.data_ptr()))
         return tuple(sig)
