@@ -45,7 +45,9 @@ steps over all rounds are reported. Per dtype, after a ``[fp32]`` / ``[bf16]`` l
     rlkit/TRL GRPO step time R (rlkit A s, TRL B s)
     generation ratio g (rlkit a s, TRL b s); update ratio u (rlkit c s, TRL d s)
 
-and the achieved FLOP/s of rlkit's update against this CPU's measured matmul peak in that dtype
+then the same ratio in process CPU time (``time.process_time`` around each step: on a core shared with another
+job, wall time counts the other job's time slices, CPU time does not), and the achieved FLOP/s of rlkit's
+update against this CPU's measured matmul peak in that dtype
 (torch.matmul of 2048x2048, 1 thread, best of 5). Update FLOPs: torch.utils.flop_counter.FlopCounterMode
 over one extra grpo_update on the last step's batch (the work as executed: the shared prefix once per
 group, no weight gradients of frozen weights; attention is counted where rlkit_sdpa runs it as matmuls,
@@ -168,13 +170,13 @@ def rlkit_worker(args) -> dict:
     steps = []
     for step in range(1, args.steps + 1):
         prof.reset()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         m = run.train_step(step)
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
         trajs, _ = run.last_batch
         prompt_len = trajs[0].loss_mask.index(1)
         steps.append({
-            "step": step, "total_s": total, "update_s": m["timing/train"], "generation_s": total - m["timing/train"],
+            "step": step, "total_s": total, "cpu_s": cpu, "update_s": m["timing/train"], "generation_s": total - m["timing/train"],
             "rollout_s": m["timing/rollout"], "reward_s": m["timing/reward"], "reward_mean": m["reward/mean"],
             "completion_tokens_mean": m["generate/mean_tokens"], "prompt_tokens": prompt_len,
             "seq_len_mean": m["generate/mean_seq_len"], "threads": torch.get_num_threads(),
@@ -361,11 +363,11 @@ def trl_worker(args) -> dict:
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args_, state, control, **kw):
             trainer.gen_s = 0.0
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args_, state, control, **kw):
-            total = time.perf_counter() - self.t0
-            steps.append({"step": state.global_step, "total_s": total, "generation_s": trainer.gen_s,
+            total, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+            steps.append({"step": state.global_step, "total_s": total, "cpu_s": cpu, "generation_s": trainer.gen_s,
                           "update_s": total - trainer.gen_s, "threads": torch.get_num_threads(), **trainer.batch_info})
             print(f"TRL {args.dtype} step {state.global_step}: {total:.2f} s (generation {trainer.gen_s:.2f}, "
                   f"update {total - trainer.gen_s:.2f}; {trainer.batch_info})", flush=True)
@@ -459,11 +461,14 @@ def summarize(results: dict, skip: int) -> dict:
     """Per dtype: medians (s) of the counted steps of each side, the ratios and rlkit's update FLOP/s."""
     summary = {}
     for dtype, sides in results.items():
-        med = {side: {k: median_of(runs, k, skip) for k in ("total_s", "generation_s", "update_s")}
+        med = {side: {k: median_of(runs, k, skip) for k in ("total_s", "generation_s", "update_s", "cpu_s")
+                      if all(k in st for r in runs for st in r["steps"])}
                for side, runs in sides.items()}
         s = {"rlkit": med["rlkit"], "trl": med.get("trl")}
         if "trl" in med:
             s["ratio_step"] = med["rlkit"]["total_s"] / med["trl"]["total_s"]
+            if "cpu_s" in med["rlkit"] and "cpu_s" in med["trl"]:
+                s["ratio_step_cpu"] = med["rlkit"]["cpu_s"] / med["trl"]["cpu_s"]
             s["ratio_generation"] = med["rlkit"]["generation_s"] / med["trl"]["generation_s"]
             s["ratio_update"] = med["rlkit"]["update_s"] / med["trl"]["update_s"]
         rl = sides["rlkit"]
@@ -488,6 +493,9 @@ def report_lines(summary: dict) -> list[str]:
             lines.append(f"generation ratio {s['ratio_generation']:.2f} (rlkit {r['generation_s']:.2f} s, TRL "
                          f"{t['generation_s']:.2f} s); update ratio {s['ratio_update']:.2f} (rlkit {r['update_s']:.2f} s, "
                          f"TRL {t['update_s']:.2f} s)")
+            if "ratio_step_cpu" in s:
+                lines.append(f"process CPU time a step: ratio {s['ratio_step_cpu']:.2f} (rlkit {r['cpu_s']:.2f} s, TRL "
+                             f"{t['cpu_s']:.2f} s)")
         else:
             lines.append(f"rlkit GRPO step time {r['total_s']:.2f} s (generation {r['generation_s']:.2f} s, update "
                          f"{r['update_s']:.2f} s); TRL not run")

@@ -180,11 +180,18 @@ class MazeEpisode:
         return render_text(self.env.maze_map, tuple(info["agent"]), tuple(info["goal"]))
 
     def _image(self) -> Image.Image:
+        if self._obs is None:  # not drawn by _apply (plan mode): draw the current state now
+            self._obs = self.env.observation()
         return Image.fromarray(self._obs)
 
     def _apply(self, action: int) -> tuple[float, bool]:
         before = self._info["agent"]
-        self._obs, reward, terminated, _, info = self.env.step(action)
+        if self.mode == "plan" and hasattr(self.env, "transition"):
+            # a plan's actions show no picture after them: skip drawing one per action (_image draws on demand)
+            reward, terminated, info = self.env.transition(action)
+            self._obs = None
+        else:
+            self._obs, reward, terminated, _, info = self.env.step(action)
         self._info = dict(info)
         if self.wall_move == "fail" and action != STOP and info["agent"] == before:
             # the move was refused by a wall: under "fail" the episode ends here, unsuccessful

@@ -209,13 +209,24 @@ class TransformersEngine:
         reuse_kv: multi-turn rollouts keep each episode's KV cache across turns and prefill only the
             new tokens (``generate_cached``; rlkit.rollout reads this flag). False: every turn
             re-prefills the whole conversation (``generate``), as before.
+        share_prompt_prefix: with ``share_prefill``, the distinct prompts of a call also share the token
+            prefix they have in common before their first image (the system prompt and the user turn's
+            header: 90 of the 159 tokens of a VisGym plan prompt): it is prefilled once and the prompts
+            continue from its KV cache, as a later turn continues from its conversation's (``KVState``).
+            Same tokens and logprobs as prefilling each prompt whole, within float32 rounding
+            (tests/policy/test_engine.py).
     """
 
-    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True, reuse_kv: bool = True) -> None:
+    #: Shortest common prompt prefix worth its own forward (tokens).
+    MIN_SHARED_PROMPT_PREFIX = 16
+
+    def __init__(self, policy, max_batch_rows: int = 256, share_prefill: bool = True, reuse_kv: bool = True,
+                 share_prompt_prefix: bool = True) -> None:
         self.policy = policy
         self.max_batch_rows = int(max_batch_rows)
         self.share_prefill = bool(share_prefill)
         self.reuse_kv = bool(reuse_kv)
+        self.share_prompt_prefix = bool(share_prompt_prefix)
         self.last_stats = GenerateStats()
         self._pieces: dict[int, str] = {}  # token id -> its text, for the stop-string check
         self.adapter_info = None
@@ -322,6 +333,13 @@ class TransformersEngine:
         """
         model = self.policy.model
         chat = self.policy.chat
+        shared = None  # prompt_tokens counts the tokens prefilled: a shared prompt prefix once
+        if all(s is None for s in states) and self.share_prefill and self.share_prompt_prefix:
+            shared = self._common_prompt_prefix(prompts, device)
+            if shared is not None:
+                states = [shared] * len(prompts)
+                stats.prompt_tokens += shared.num_tokens
+                stats.extra["shared_prompt_tokens"] = stats.extra.get("shared_prompt_tokens", 0) + shared.num_tokens
         if all(s is None for s in states):
             batch = sequence_batch(model, prompts, pad_token_id=chat.pad_id, padding_side="left", device=device)
             next_pos = batch.position_ids.masked_fill(batch.attention_mask[None] == 0, -1).amax(dim=(0, 2)) + 1  # [B]
@@ -360,9 +378,15 @@ class TransformersEngine:
         next_pos = pos.masked_fill(~real, -1).amax(dim=(0, 2)) + 1  # [B]
         c_max = max(cached)
         ref = next(s for s in states if s is not None)
+        same = all(st is ref for st in states)  # one state for every prompt (a shared prompt prefix)
         kv = []
         for layer in range(len(ref.keys)):
             h, _, d = ref.keys[layer].shape
+            if same:  # [B, H_kv, C, D]
+                keys = ref.keys[layer].unsqueeze(0).expand(b, -1, -1, -1).contiguous()
+                values = ref.values[layer].unsqueeze(0).expand(b, -1, -1, -1).contiguous()
+                kv.append((keys, values))
+                continue
             keys = ref.keys[layer].new_zeros(b, h, c_max, d)  # [B, H_kv, C_max, D]
             values = ref.values[layer].new_zeros(b, h, c_max, d)
             for i, st in enumerate(states):
@@ -379,8 +403,40 @@ class TransformersEngine:
                     pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, use_cache=True,
                     logits_to_keep=1)
         stats.prompt_tokens += sum(batch.lengths)
-        stats.extra["cached_tokens"] = stats.extra.get("cached_tokens", 0) + sum(cached)
+        if shared is None:  # tokens taken from kept conversation states
+            stats.extra["cached_tokens"] = stats.extra.get("cached_tokens", 0) + sum(cached)
         return out, attn, next_pos
+
+    def _common_prompt_prefix(self, prompts, device) -> KVState | None:
+        """The KVState of the token prefix all ``prompts`` share, cut before the first image or video
+        placeholder and leaving every prompt at least one token of its own; None for fewer than 2
+        prompts or a prefix shorter than MIN_SHARED_PROMPT_PREFIX. Text only, so its mrope positions
+        are 0..P-1 and the prompts' own tokens continue at P (the translation invariance _prefill's
+        states path relies on)."""
+        if len(prompts) < 2:
+            return None
+        from rlkit.policy.logprobs import _common_prefix_len, model_config
+
+        ids = [_ids_list(p.input_ids) for p in prompts]
+        first = ids[0]
+        cut = min(len(x) for x in ids) - 1
+        for other in ids[1:]:
+            if cut < self.MIN_SHARED_PROMPT_PREFIX:
+                return None
+            cut = min(cut, _common_prefix_len(first[:cut], other[:cut]))
+        cfg = model_config(self.policy.model)
+        vision = {int(cfg.image_token_id), int(getattr(cfg, "video_token_id", cfg.image_token_id))}
+        cut = next((j for j in range(cut) if first[j] in vision), cut)
+        if cut < self.MIN_SHARED_PROMPT_PREFIX:
+            return None
+        prefix = PromptInput(input_ids=first[:cut])
+        batch = sequence_batch(self.policy.model, [prefix], pad_token_id=self.policy.chat.pad_id, padding_side="left",
+                               device=device)
+        out = self.policy.model(**batch.model_inputs(), use_cache=True, logits_to_keep=1)
+        layers = out.past_key_values.layers
+        return KVState(keys=[layer.keys[0] for layer in layers], values=[layer.values[0] for layer in layers],
+                       input_ids=list(prefix.input_ids), num_images=0,
+                       next_position=int(batch.position_ids.amax()) + 1)
 
     def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device,
                         keep: bool = False) -> tuple[list[list[Completion]], list[list[KVState]]]:
@@ -504,16 +560,23 @@ _PREALLOCATE = True
 
 
 class _GrowingLayer(DynamicLayer):
-    """A transformers DynamicLayer that writes new keys/values into a buffer with ``reserve`` spare positions; ``keys`` /
-    ``values`` are views [B, H_kv, L, D] of the filled part. The same values as DynamicLayer's
-    concatenation, without copying the whole cache every decode step."""
+    """A transformers DynamicLayer that writes new keys/values into a zero-filled buffer with ``reserve`` spare
+    positions, instead of concatenating the whole cache every decode step.
+
+    ``keys`` / ``values`` are views [B, H_kv, L, D] of the filled part (what the cache holds), but ``update``
+    hands attention the whole buffer [B, H_kv, C, D] (C = capacity), and ``get_mask_sizes`` announces C keys, so
+    transformers' mask pads the 2D attention mask with False over the unfilled positions (which also lie in the
+    query's causal future). Attention over a contiguous buffer skips the copy a strided view costs every layer
+    and step: the matmul of a bf16 decode query with a [B, H_kv, L, D] view of a larger buffer copied it first
+    (1.0 ms against 0.23 ms a layer at issue 15's sizes, scripts/bench_vs_trl.py). The unfilled positions are
+    zeros, masked, so they get softmax weight exactly 0 and add nothing (within float32 rounding of the sums)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, reserve: int) -> None:
         super().__init__()
         b, h, length, d = keys.shape
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._k = keys.new_empty(b, h, length + reserve, d)  # [B, H_kv, L + reserve, D]
-        self._v = values.new_empty(b, h, length + reserve, d)
+        self._k = keys.new_zeros(b, h, length + reserve, d)  # [B, H_kv, C, D]; zeros: masked keys never meet NaN
+        self._v = values.new_zeros(b, h, length + reserve, d)
         self._k[:, :, :length] = keys
         self._v[:, :, :length] = values
         self._len = length
@@ -522,23 +585,28 @@ class _GrowingLayer(DynamicLayer):
     def _views(self) -> None:
         self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        n = key_states.shape[-2]
+    def _make_room(self, n: int) -> None:
         if self._len + n > self._k.shape[-2]:  # out of room: grow (not expected within max_new_tokens)
             extra = max(n, 16)
-            self._k = torch.cat([self._k, self._k.new_empty(*self._k.shape[:2], extra, self._k.shape[-1])], dim=-2)
-            self._v = torch.cat([self._v, self._v.new_empty(*self._v.shape[:2], extra, self._v.shape[-1])], dim=-2)
+            self._k = torch.cat([self._k, self._k.new_zeros(*self._k.shape[:2], extra, self._k.shape[-1])], dim=-2)
+            self._v = torch.cat([self._v, self._v.new_zeros(*self._v.shape[:2], extra, self._v.shape[-1])], dim=-2)
+            self._views()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        self._make_room(n)
         self._k[:, :, self._len : self._len + n] = key_states
         self._v[:, :, self._len : self._len + n] = value_states
         self._len += n
         self._views()
-        return self.keys, self.values
+        return self._k, self._v  # the whole buffer; positions >= _len are masked (get_mask_sizes)
 
     def get_seq_length(self) -> int:
         return self._len
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._len + query_length, 0
+        self._make_room(query_length)  # the capacity announced here is the key length update() returns
+        return self._k.shape[-2], 0
 
     def get_max_cache_shape(self) -> int:
         return -1

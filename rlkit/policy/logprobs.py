@@ -140,6 +140,7 @@ def sequence_batch(
     pad_token_id: int | None = None,
     padding_side: str = "right",
     device: torch.device | str | None = None,
+    with_pixels: bool = True,
 ) -> SequenceBatch:
     """Collate sequences into a padded SequenceBatch with mrope positions.
 
@@ -150,6 +151,8 @@ def sequence_batch(
         pad_token_id: id for padding (None: the config's pad id, else 0); padding is masked out.
         padding_side: "right" (training) or "left" (generation prefill).
         device: where tensors go (None: the model's device).
+        with_pixels: False leaves ``pixel_values`` None (positions and checks need only the grids; for
+            callers that feed the images themselves, e.g. compute_logprobs_shared_prefix).
 
     Returns: SequenceBatch, T = max T_i.
 
@@ -176,15 +179,20 @@ def sequence_batch(
         ids[i, sl] = torch.tensor(row, dtype=torch.long)
         mask[i, sl] = 1
         n_pad = sum(1 for x in row if x == cfg.image_token_id)
-        pv, thw = _images_of(seq)
+        if with_pixels:
+            pv, thw = _images_of(seq)
+        else:
+            images = _image_list(seq)
+            pv, thw = None, (torch.cat([g for _, g in images], 0) if images else None)
         n_feat = 0 if thw is None else int((thw.reshape(-1, 3).prod(-1) // (merge * merge)).sum())
         if n_pad != n_feat:
             raise ValueError(
                 f"sequence {i}: {n_pad} <|image_pad|> tokens but its images give {n_feat} features "
                 "(a vision placeholder was sampled or images are missing/misordered)"
             )
-        if thw is not None and pv is not None:
-            pvs.append(pv)
+        if thw is not None and (pv is not None or not with_pixels):
+            if pv is not None:
+                pvs.append(pv)
             thws.append(thw.reshape(-1, 3))
     pixel_values = torch.cat(pvs, 0).to(device=device, dtype=torch.float32) if pvs else None
     image_grid_thw = torch.cat(thws, 0).long().to(device) if thws else None
@@ -309,7 +317,30 @@ class PrefixCluster:
 
 
 def _image_list(seq) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The images of a SequenceLike, one (pixel_values [P_i, D], image_grid_thw [1, 3]) per image, in order."""
+    """The images of a SequenceLike, one (pixel_values [P_i, D], image_grid_thw [1, 3]) per image, in order.
+
+    For a sequence holding ``image_inputs`` (rlkit.rollout.Trajectory) the pixel tensors are its
+    ImageInputs' own (no concatenation), so the G trajectories of a group, which share their first
+    turn's ImageInputs, return the same tensor objects (shared_prefix_clusters compares them by identity
+    before comparing pixels)."""
+    if not (hasattr(seq, "pixel_values") or hasattr(seq, "image_grid_thw")) and hasattr(seq, "image_inputs"):
+        out: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def _add(item) -> None:
+            if hasattr(item, "image_inputs"):  # a TurnTokens: its images in order
+                for sub in item.image_inputs:
+                    _add(sub)
+            elif item.pixel_values is not None:
+                thw = item.image_grid_thw.reshape(-1, 3).long()
+                if thw.shape[0] == 1:
+                    out.append((item.pixel_values, thw))
+                else:
+                    sizes = thw.prod(-1).tolist()
+                    out.extend((p, g.reshape(1, 3)) for p, g in zip(torch.split(item.pixel_values, sizes, 0), thw))
+
+        for item in seq.image_inputs:
+            _add(item)
+        return out
     pv, thw = _images_of(seq)
     if pv is None or thw is None:
         return []
@@ -387,7 +418,8 @@ def shared_prefix_clusters(
             images = [_image_list(sequences[r]) for r in rows]
             for j in range(n_img):
                 pv0, g0 = images[0][j]
-                if not all(torch.equal(g0, im[j][1]) and torch.equal(pv0, im[j][0]) for im in images[1:]):
+                if not all(torch.equal(g0, im[j][1]) and (pv0 is im[j][0] or torch.equal(pv0, im[j][0]))
+                           for im in images[1:]):
                     p, n_img = runs[j][0], j
                     break
         if p >= 1:
@@ -460,7 +492,7 @@ def compute_logprobs_shared_prefix(
     if why is not None:
         raise RuntimeError(f"shared-prefix forward unavailable: {why}; use compute_logprobs (algorithm.shared_prefix=false)")
     cfg = model_config(model)
-    batch = sequence_batch(model, sequences, padding_side="right")  # validates; mrope positions of the full rows
+    batch = sequence_batch(model, sequences, padding_side="right", with_pixels=False)  # validates; mrope positions of the full rows
     n, t = batch.input_ids.shape
     device = batch.input_ids.device
     clusters = shared_prefix_clusters(sequences, int(cfg.image_token_id), group_keys)

@@ -411,4 +411,9 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
         for p in model.parameters():
             p.requires_grad_(True)
     model.train()
-    return Policy(config, model, processor, checkpoint=ckpt)
+    policy = Policy(config, model, processor, checkpoint=ckpt)
+    # a frozen vision tower encodes each image once per weight version (exact; bypassed while it trains)
+    from rlkit.policy.vision_cache import install_vision_cache
+
+    policy.vision_cache = install_vision_cache(model)
+    return policy

@@ -80,3 +80,49 @@ def test_step_before_reset_and_text():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         MazeEnv(**kwargs)
+
+
+def test_transition_is_step_without_the_picture():
+    """transition() changes the state exactly as step() does; observation() then draws what step() returned."""
+    rng = np.random.default_rng(0)
+    for seed in range(6):
+        a, b = MazeEnv("easy"), MazeEnv("easy")
+        a.reset(seed=seed)
+        b.reset(seed=seed)
+        for action in [*rng.integers(0, 4, size=12).tolist(), 7, STOP]:
+            obs, reward, terminated, truncated, info = a.step(action)
+            r, t, i = b.transition(action)
+            assert (r, t, i) == (reward, terminated, info) and truncated is False
+            assert np.array_equal(b.observation(), obs)
+
+
+def test_plan_episode_draws_no_picture_per_action(monkeypatch):
+    """A plan-mode episode replays its route without drawing an image per action (none is shown after it);
+    its step output equals the drawing path's (an env offering only step)."""
+    from envs.visgym import VisGymMaze, gym_env
+
+    class StepOnly:  # the env without transition(): the episode takes step(), which draws
+        def __init__(self, env):
+            self._env = env
+
+        def __getattr__(self, name):
+            if name == "transition":
+                raise AttributeError(name)
+            return getattr(self._env, name)
+
+    spec = VisGymMaze(variant="easy", mode="plan", parser="plan", max_turns=18)
+    drawn = []
+    real = gym_env.render_array
+    monkeypatch.setattr(gym_env, "render_array", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    for seed, route in [(3, "down down right right up left down stop"), (4, "up up up"), (5, "right stop")]:
+        fast, slow = spec.make(), spec.make()
+        slow.env = StepOnly(slow.env)
+        drawn.clear()
+        fast.reset(seed)
+        out = fast.step(f"<answer>{route}</answer>")
+        assert len(drawn) == 1  # reset's observation only
+        slow.reset(seed)
+        ref = slow.step(f"<answer>{route}</answer>")
+        assert len(drawn) > 2
+        assert (out.reward, out.done, out.info, out.observation) == (ref.reward, ref.done, ref.info, ref.observation)
+        assert fast.success() == slow.success()

@@ -173,3 +173,73 @@ def test_stop_string_ending_inside_a_multibyte_character(policy):
     assert eng._stop_hit(ids, ("\u00e9",), {"\u00e9"}) == "\u00e9"
     assert eng._stop_hit(ids[:-1], ("\u00e9",), {"\u00e9"}) is None  # only its first byte so far
     assert eng._text(ids, "\u00e9") == "ab\u00e9" and eng._text(ids, "zz") == "ab\u00e9"
+
+
+def _same_system_prompts(policy, k):
+    """k prompts that share a system prompt and differ from their image on (as the G-sample groups'
+    prompts of one rollout do): their common prefix is the system prompt and the user turn's header."""
+    system = "You are the blue dot in the maze. Reach the red square; gray cells are walls. Reply with a route."
+    out = []
+    for i in range(k):
+        tt = policy.chat.user_turn("Your route? " * (1 + i), [maze_image(10 + i)], system=system)
+        out.append(PromptInput(tt.input_ids, **policy.chat.concat_images(tt.image_inputs)))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_shared_prompt_prefix_matches_whole_prompt_prefill(policy, temperature):
+    prompts = _same_system_prompts(policy, 3)
+    sp = SamplingParams(temperature=temperature, max_new_tokens=8, n=2, seed=5)
+    shared_eng = TransformersEngine(policy)
+    shared = shared_eng.generate(prompts, sp)
+    first_image = prompts[0].input_ids.index(policy.hf_model.config.image_token_id)
+    # the prefix ran once: everything before the first image, counted once in prompt_tokens
+    assert shared_eng.last_stats.extra["shared_prompt_tokens"] == first_image >= 16
+    assert shared_eng.last_stats.prompt_tokens == sum(len(p.input_ids) - first_image for p in prompts) + first_image
+    whole_eng = TransformersEngine(policy, share_prompt_prefix=False)
+    whole = whole_eng.generate(prompts, sp)
+    assert "shared_prompt_tokens" not in whole_eng.last_stats.extra
+    for gs, gw in zip(shared, whole):
+        for cs, cw in zip(gs, gw):
+            assert cs.token_ids == cw.token_ids
+            assert max(abs(x - y) for x, y in zip(cs.logprobs, cw.logprobs)) < 1e-5
+    # and a prompt set without a long common prefix (different system prompts) is prefilled whole
+    eng = TransformersEngine(policy)
+    eng.generate([prompts[0], _prompts(policy, 2)[1]], sp)
+    assert "shared_prompt_tokens" not in eng.last_stats.extra
+
+
+def test_preallocated_decode_matches_transformers_cache(policy, monkeypatch):
+    """Decoding into _GrowingLayer's buffer (attention over the whole zero-filled buffer, the unfilled
+    positions masked) samples what transformers' DynamicLayer (a cache as long as its tokens) samples."""
+    from rlkit.policy import engine as engine_mod
+
+    prompts = _prompts(policy, 3)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=3, seed=9)
+    grown = TransformersEngine(policy).generate(prompts, sp)
+    monkeypatch.setattr(engine_mod, "_PREALLOCATE", False)
+    plain = TransformersEngine(policy).generate(prompts, sp)
+    lengths = set()
+    for gg, gp in zip(grown, plain):
+        for cg, cp in zip(gg, gp):
+            assert cg.token_ids == cp.token_ids
+            assert max(abs(x - y) for x, y in zip(cg.logprobs, cp.logprobs)) < 1e-5
+            lengths.add(len(cg.token_ids))
+    assert max(lengths) == 10
+
+
+def test_growing_layer_hands_attention_its_whole_buffer():
+    from rlkit.policy.engine import _GrowingLayer
+
+    keys, values = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
+    layer = _GrowingLayer(keys, values, reserve=3)
+    assert layer.get_mask_sizes(1) == (8, 0)
+    k, v = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert k.shape == v.shape == (2, 1, 8, 4) and k.is_contiguous()
+    assert torch.equal(k[:, :, :5], keys) and torch.equal(k[:, :, 5], torch.ones(2, 1, 4))
+    assert torch.equal(k[:, :, 6:], torch.zeros(2, 1, 2, 4))  # unfilled: zeros, masked by the announced size
+    assert layer.get_seq_length() == 6 and layer.keys.shape == (2, 1, 6, 4)
+    layer.update(torch.ones(2, 1, 2, 4), torch.ones(2, 1, 2, 4))
+    assert layer.get_mask_sizes(1) == (24, 0)  # out of room: it grows before announcing the size
+    k, _ = layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+    assert k.shape[2] == 24 and layer.get_seq_length() == 9

@@ -107,7 +107,8 @@ def _assert_same(a, b):
 def test_cached_rollout_equals_reprefill(policy, temperature):
     spec = _Spec(max_turns=5)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=6, seed=11)
-    plain = _Counting(TransformersEngine(policy, reuse_kv=False))
+    # plain: every prompt prefilled whole (no shared prompt prefix either), so its prompt_tokens are whole prompts
+    plain = _Counting(TransformersEngine(policy, reuse_kv=False, share_prompt_prefix=False))
     cached = _Counting(TransformersEngine(policy, reuse_kv=True))
     a = rollout(spec, policy, plain, seeds=[1, 2, 3], group_size=3, sampling=sampling, policy_version=0)
     b = rollout(spec, policy, cached, seeds=[1, 2, 3], group_size=3, sampling=sampling, policy_version=0)

@@ -129,3 +129,24 @@ def test_clusters_with_different_prefix_lengths_share_one_prefix_forward(make_po
         hook.remove()
     # plain: 1 forward; shared: 1 prefix forward [2, P_max] + 1 suffix forward [5, S_max]
     assert calls[0][0] == 5 and [c[0] for c in calls[1:]] == [2, 5]
+
+
+def test_trajectory_images_are_not_copied_for_the_prefix_search(make_policy):
+    """A group's trajectories share their first turn's ImageInputs: _image_list hands back those very
+    tensors (so shared_prefix_clusters compares them by identity, not pixel by pixel), and
+    sequence_batch without pixels gives the same positions and ids as with them."""
+    from rlkit.policy.logprobs import _image_list, sequence_batch
+
+    policy = make_policy()
+    trajs = rollout(_env("interactive", 2), policy, make_engine(policy), seeds=[11], group_size=2, sampling=SAMPLE,
+                    policy_version=0)
+    a, b = _image_list(trajs[0]), _image_list(trajs[1])
+    assert a[0][0] is trajs[0].image_inputs[0].pixel_values and a[0][0] is b[0][0]
+    assert len(a) == len(trajs[0].image_inputs) and all(g.shape == (1, 3) for _, g in a)
+    for (pv, g), im in zip(a, trajs[0].image_inputs):
+        assert pv is im.pixel_values and torch.equal(g, im.image_grid_thw.reshape(1, 3))
+    full = sequence_batch(policy.model, trajs)
+    lean = sequence_batch(policy.model, trajs, with_pixels=False)
+    assert lean.pixel_values is None and full.pixel_values is not None
+    assert torch.equal(full.position_ids, lean.position_ids) and torch.equal(full.input_ids, lean.input_ids)
+    assert torch.equal(full.image_grid_thw, lean.image_grid_thw)
