@@ -101,8 +101,10 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     # conf/recipe/tiny_vl_visgym_small.yaml: measured on 7x7 only (README, Headline); elsewhere train.yaml's values
     default = _compose([])
     assert (default.steps, default.algorithm.lr_schedule) == (300, "cosine")
+    assert (default.algorithm.dynamic_sampling_max_rounds, default.algorithm.filter_zero_variance_groups) == (3, True)
     nine = _compose(["env=visgym"])
     assert (nine.steps, nine.algorithm.lr_schedule) == (150, "constant")
+    assert (nine.algorithm.dynamic_sampling_max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
     assert _compose(["steps=40"]).steps == 40  # the command line still wins
     assert _compose(["algorithm.lr_schedule=constant"]).algorithm.lr_schedule == "constant"
     assert _compose(["experiment=smoke"]).steps == 2
