@@ -107,6 +107,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("env.parser=keyword", "does not fit"),
     ("seed=-1", "seed=-1 must be an integer >= 0"),
     ("algorithm.update_epochs=0", "algorithm.update_epochs=0 must be an integer >= 1"),
+    ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

@@ -172,6 +172,12 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if not cfg.policy.get("lora", {}).get("enabled", True):
+            problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
+                            "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
+                            "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
+                            "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
+                            "policy.lora.rank")
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
             problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
                             "other processes); use backend=native, or control=shuffled_reward here")
