@@ -49,10 +49,14 @@ SFT_BUILDER_VERSION = 2
 _IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
-def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
+def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:
     """A short hash of what determines the warm-start checkpoint: the sft, env and policy configs, the
     builder version (SFT_BUILDER_VERSION) and, for a policy loaded from a local checkpoint folder, that
     checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
+
+    ``decoding``: what else the stage's outcome depends on, hashed as given when not None. The SFT
+    stage passes its greedy validation's ``max_new_tokens`` and stop strings (``rollout.*``): they
+    decide the val success at which it stops, so another value must build another warm start.
 
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
@@ -67,8 +71,10 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any) -> str:
     path = policy.get("path")
     if isinstance(path, str) and Path(path).is_dir():
         policy["path"] = {"fingerprint": checkpoint_fingerprint(Path(path))}
-    blob = json.dumps({"sft": plain(sft_cfg), "env": plain(env_cfg), "policy": policy,
-                       "builder_version": SFT_BUILDER_VERSION}, sort_keys=True, default=str)
+    content = {"sft": plain(sft_cfg), "env": plain(env_cfg), "policy": policy, "builder_version": SFT_BUILDER_VERSION}
+    if decoding is not None:
+        content["decoding"] = plain(decoding)
+    blob = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

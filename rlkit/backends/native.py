@@ -231,7 +231,9 @@ class NativeRun:
         # A warm start from a grounded base also depends on how that base was grounded.
         stage_key = cfg.sft if grounded is None else {"sft": OmegaConf.to_container(cfg.sft, resolve=True),
                                                       "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
-        key = sft_cache_key(stage_key, cfg.env, cfg.policy)
+        # the greedy validation that decides where the stage stops decodes with these
+        decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
+        key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
         out_dir = Path(cfg.paths.cache_dir) / "sft" / key
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(out_dir.with_suffix(".lock")):

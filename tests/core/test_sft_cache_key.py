@@ -42,3 +42,14 @@ def test_a_copied_checkpoint_keys_the_same(tmp_path):
     assert sft_cache_key(SFT, ENV, _policy(path=str(dst))) == key
     (dst / "config.json").write_text('{"hidden": 16}')
     assert sft_cache_key(SFT, ENV, _policy(path=str(dst))) != key
+
+
+def test_the_validation_decoding_is_part_of_the_key():
+    """The stage stops at a greedy val success decoded with rollout.max_new_tokens and rollout.stop: a run
+    with other values must not reuse a warm start stopped under the old ones."""
+    plain = sft_cache_key(SFT, ENV, _policy())
+    key = sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 48, "stop": ["</answer>"]})
+    assert key != plain
+    assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 48, "stop": ["</answer>"]}) == key
+    assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 24, "stop": ["</answer>"]}) != key
+    assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 48, "stop": []}) != key
