@@ -106,6 +106,7 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     assert (nine.steps, nine.algorithm.lr_schedule) == (150, "constant")
     assert (nine.algorithm.dynamic_sampling_max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
+    assert (default.lr, nine.lr) == (2e-3, 1e-3)
     assert not _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.lora.include_vision  # tiny policy only
     assert _compose(["steps=40"]).steps == 40  # the command line still wins
     assert _compose(["algorithm.lr_schedule=constant"]).algorithm.lr_schedule == "constant"
