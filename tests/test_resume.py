@@ -211,8 +211,8 @@ def test_resume_applies_changed_lr_and_steps_and_records_them(tmp_path, cache):
 def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
     # the default recipe's schedule: a resumed run with a new `steps` decays to 0 at the new total, not the old
     run = tmp_path / "run"
-    _train(run, cache, ["steps=1", "algorithm.lr_schedule=cosine"])
-    _train(run, cache, ["steps=3", "algorithm.lr_schedule=cosine"])
+    _train(run, cache, ["steps=1", "lr=1e-3", "algorithm.lr_schedule=cosine"])
+    _train(run, cache, ["steps=3", "lr=1e-3", "algorithm.lr_schedule=cosine"])
     lrs = {s["step"]: s["policy/lr"] for s in _steps(run) if "policy/lr" in s}
     # policy/lr is the lr step k ran with: 1e-3 x 0.5 * (1 + cos(pi * (k - 1) / total)); step 1 under steps=1,
     # steps 2 and 3 under the new total 3 (the old total would have given step 2 an lr of 0)
