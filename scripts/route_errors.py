@@ -5,7 +5,8 @@
 
 For each evaluation file: how many episodes failed, and of those how many first walked into a wall (the
 picture misread), turned into an open corridor off the route (a planning error), went past the goal,
-or stopped short; with the mean position of that first error (envs/visgym/route_errors.py). The env's
+or stopped short; with the mean position of that first error, and how many of the failed tasks need a
+detour (a route longer than the Manhattan distance: envs/visgym/route_errors.py needs_detour). The env's
 variant and parser come from the run's .hydra/config.yaml (defaults: easy, plan).
 """
 
@@ -23,19 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envs.visgym.parsers import make_parser  # noqa: E402
-from envs.visgym.route_errors import ERROR_KINDS, first_route_error  # noqa: E402
+from envs.visgym.route_errors import ERROR_KINDS, first_route_error, needs_detour  # noqa: E402
 
 
 def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:
-    """Counts of first-error kinds over the failed tasks of one eval file, plus unparsed outputs."""
+    """Counts of first-error kinds over the failed tasks of one eval file, plus unparsed outputs, and
+    the failed and total counts of tasks that need a detour."""
     parser = make_parser(parser_name)
     kinds: Counter = Counter()
     positions: list[int] = []
-    failed = 0
+    failed = detours = detours_failed = 0
     for task in eval_json["tasks"]:
+        detour = needs_detour(variant, task["seed"])
+        detours += detour
         if task["success"]:
             continue
         failed += 1
+        detours_failed += detour
         actions: list[int] = []
         for text in task["actions"]:
             parsed = parser.parse(text)
@@ -48,6 +53,7 @@ def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:
             kinds[err.kind] += 1
             positions.append(err.index)
     return {"tasks": len(eval_json["tasks"]), "failed": failed, "kinds": dict(kinds),
+            "detours": detours, "detours_failed": detours_failed,
             "mean_error_position": sum(positions) / len(positions) if positions else None}
 
 
@@ -65,12 +71,12 @@ def main() -> None:
         env = OmegaConf.load(run_dir / ".hydra" / "config.yaml").env
         variant, parser_name = env.get("variant", variant), env.get("parser", parser_name)
     cols = [*ERROR_KINDS, "unparsed"]
-    print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  mean error at move")
+    print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  mean error at move  detours failed")
     for f in files:
         s = summarize(json.loads(f.read_text()), variant, parser_name)
         pos = "-" if s["mean_error_position"] is None else f"{s['mean_error_position']:.1f}"
         print(f"{f.name:<22} {s['failed']:>4}/{s['tasks']:<4} "
-              + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos}")
+              + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos:>18}  {s['detours_failed']}/{s['detours']}")
 
 
 if __name__ == "__main__":

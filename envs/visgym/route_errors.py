@@ -37,6 +37,21 @@ class RouteError:
     route_length: int
 
 
+def needs_detour(variant: str, seed: int) -> bool:
+    """True when task ``seed``'s route (unique: the maze is a spanning tree) is longer than the Manhattan
+    distance from start to goal, so it must somewhere move away from the goal. In rlkit's 7x7 variant 6 of
+    the 64 mazes of visgym_small_64 need one (routes of 12 and 16 moves; the other 58 take 8), and a
+    policy that only walks towards the goal fails exactly those.
+
+    Raises:
+        ValueError: unknown variant.
+    """
+    if variant not in VARIANT_SIZES:
+        raise ValueError(f"variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
+    maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
+    return len(solve_moves(maze_map, start, goal)) > abs(start[0] - goal[0]) + abs(start[1] - goal[1])
+
+
 def first_route_error(variant: str, seed: int, actions: Sequence[int]) -> RouteError:
     """Classify the first error of ``actions`` (``Discrete(5)`` indices: 0 right, 1 up, 2 left, 3 down,
     4 stop) on VisGym task ``seed`` of ``variant`` ("easy" 9x9, "hard" 11x11).

@@ -9,7 +9,7 @@ import pytest
 
 from envs.visgym.gym_env import STOP
 from envs.visgym.maze import generate_maze, solve_moves, step_position
-from envs.visgym.route_errors import first_route_error
+from envs.visgym.route_errors import first_route_error, needs_detour
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,3 +80,24 @@ def test_script_tables_a_run(tmp_path):
     row = out.splitlines()[1].split()
     assert row[:2] == ["final.json", "2/3"]
     assert row[2:7] == ["1", "0", "0", "0", "1"]  # wall 1, wrong_turn 0, past_goal 0, stopped_short 0, unparsed 1
+    detours = sum(needs_detour("easy", s) for s in (5, 6, 7))
+    failed_detours = sum(needs_detour("easy", s) for s in (5, 6))
+    assert row[-1] == f"{failed_detours}/{detours}"
+
+
+def test_needs_detour_is_a_route_longer_than_manhattan():
+    from envs.visgym.spec import EVAL_SETS
+
+    seeds = EVAL_SETS["visgym_small_64"].seeds
+    flags, lengths = [], []
+    for s in seeds:
+        maze_map, start, goal = generate_maze(s, 7)
+        n = len(solve_moves(maze_map, start, goal))
+        lengths.append(n)
+        flags.append(needs_detour("small", s))
+        # start and goal are opposite corners 4 cells apart each way: 8 moves without a detour
+        assert flags[-1] == (n > 8)
+    # the eval set's route lengths (conf/env/visgym_small.yaml: 58 x 8 moves, 5 x 12, 1 x 16)
+    assert sorted(lengths).count(8) == 58 and sum(flags) == 6
+    with pytest.raises(ValueError, match="variant"):
+        needs_detour("medium", 3)
