@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("path", help="a run folder (its eval/*.json) or one eval json")
     args = ap.parse_args()
     path = Path(args.path)
+    if not path.exists():
+        sys.exit(f"route_errors: {path} does not exist; give a run folder (with eval/*.json) or one eval json")
     files = sorted((path / "eval").glob("*.json")) if path.is_dir() else [path]
     if not files:
         sys.exit(f"route_errors: no eval/*.json under {path}; give a run folder or an eval json")

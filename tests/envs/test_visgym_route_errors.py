@@ -101,3 +101,10 @@ def test_needs_detour_is_a_route_longer_than_manhattan():
     assert sorted(lengths).count(8) == 58 and sum(flags) == 6
     with pytest.raises(ValueError, match="variant"):
         needs_detour("medium", 3)
+
+
+def test_script_names_a_missing_path(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "route_errors.py"), str(tmp_path / "nope")],
+                         capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "does not exist" in res.stderr and "Traceback" not in res.stderr
