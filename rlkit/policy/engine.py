@@ -158,6 +158,18 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[PromptInput], sampling: SamplingParams) -> list[list[Completion]]: ...
 
 
+def _inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs`` [R, V] (rows sum to 1; zeros allowed) by inverse-CDF sampling:
+    the first index whose cumulative probability exceeds u * total, u ~ U[0, 1) (float64, so a
+    token of probability 0 is never drawn). Returns [R] long. The same distribution as
+    ``torch.multinomial(probs, 1)``, whose CPU kernel draws V exponentials a row (1.1 ms against
+    0.06 ms for [64, 1024], fp32, 1 thread)."""
+    cdf = probs.double().cumsum(dim=-1)  # [R, V]
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)  # [R, 1]
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: cdf[t - 1] <= u * total < cdf[t]
+    return tokens.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
 def sample_from_logits(
     logits: torch.Tensor,
     banned: torch.Tensor,
@@ -192,7 +204,7 @@ def sample_from_logits(
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             scores = scores.masked_fill(drop, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens = _inverse_cdf_draw(probs, generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 

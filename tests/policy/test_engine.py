@@ -119,6 +119,21 @@ def test_sample_from_logits_semantics():
     assert set(p_tok) == {0}  # token 0 alone holds > 50% of the unbanned mass
 
 
+def test_inverse_cdf_draw_follows_the_distribution_and_never_draws_a_zero():
+    from rlkit.policy.engine import _inverse_cdf_draw
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0]).repeat(40_000, 1)  # zeros first, between and last
+    toks = _inverse_cdf_draw(probs, torch.Generator().manual_seed(0))
+    assert toks.shape == (40_000,) and toks.dtype == torch.long
+    freq = torch.bincount(toks, minlength=6).double() / len(toks)
+    assert freq[[0, 2, 5]].sum() == 0
+    assert torch.allclose(freq, probs[0].double(), atol=0.01)  # 3 sigma is ~0.0075 for p = 0.5
+    # seeded: the same generator state gives the same draws
+    a = _inverse_cdf_draw(probs[:8], torch.Generator().manual_seed(3))
+    b = _inverse_cdf_draw(probs[:8], torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
 def test_bad_inputs_raise(policy):
     eng = make_engine(policy)
     tt = policy.chat.user_turn("x", [maze_image(0)])

@@ -48,8 +48,11 @@ def _assert_same(policy, trajs, temperature=1.0):
     assert lp_a.shape == lp_b.shape and ent_a.shape == ent_b.shape
     assert torch.allclose(lp_a, lp_b, atol=2e-5, rtol=0), float((lp_a - lp_b).abs().max())
     assert torch.allclose(ent_a, ent_b, atol=2e-5, rtol=0), float((ent_a - ent_b).abs().max())
+    # the two float32 paths sum a prefix's gradient in different orders: on these batches they differ by
+    # up to 6e-5 of the largest entry (1.2e-3 of 20.7); a wrong position, mask or cache row is off by
+    # the gradient's own size
     for x, y in zip(g_a, g_b):
-        assert torch.allclose(x, y, atol=1e-5 * float(x.abs().max()) + 1e-7, rtol=1e-4), float((x - y).abs().max())
+        assert torch.allclose(x, y, atol=1e-4 * float(x.abs().max()) + 1e-7, rtol=1e-4), float((x - y).abs().max())
 
 
 @pytest.mark.parametrize("mode,turns", [("plan", 18), ("interactive", 2)], ids=["plan", "interactive-2-turn"])
