@@ -354,36 +354,6 @@ def load_policy(
     return load_policy_from_config(config)
 
 
-def _patch_embed_matmul_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Qwen-VL's vision patch embedding as one matmul: its Conv3d has kernel = stride = the whole
-    patch (temporal_patch_size x patch_size x patch_size, every channel), so each output is a dot
-    product of one flattened patch with one flattened filter. [P, C*T*ps*ps] -> [P, embed_dim]."""
-    proj = self.proj
-    if type(proj) is not torch.nn.Conv3d:  # wrapped (e.g. a user's LoRA on it): the module's own forward
-        return type(self).forward(self, hidden_states)
-    weight = proj.weight  # [embed_dim, C, T, ps, ps]
-    x = hidden_states.reshape(-1, weight[0].numel()).to(weight.dtype)  # [P, C*T*ps*ps], the order view() gives
-    return torch.nn.functional.linear(x, weight.reshape(weight.shape[0], -1), proj.bias)
-
-
-def patch_embed_as_matmul(model: torch.nn.Module) -> int:
-    """Run every Qwen-VL vision patch embedding (a module with a non-overlapping Conv3d ``proj``, as
-    transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL ``VisionPatchEmbed``) as a matmul: the same sums
-    (tests/policy/test_policy_load.py checks it against the convolution), without the CPU
-    convolution kernel's overhead (21 ms against ~3 ms for the 8 images of a bench_vs_trl rollout,
-    fp32, 1 thread). Returns the number of modules changed."""
-    import types
-
-    changed = 0
-    for module in model.modules():
-        proj = getattr(module, "proj", None)
-        if (type(module).__name__.endswith("VisionPatchEmbed") and isinstance(proj, torch.nn.Conv3d)
-                and tuple(proj.kernel_size) == tuple(proj.stride) and proj.padding == (0, 0, 0) and proj.groups == 1):
-            module.forward = types.MethodType(_patch_embed_matmul_forward, module)
-            changed += 1
-    return changed
-
-
 def load_policy_from_config(config: PolicyConfig) -> Policy:
     """load_policy for an already-built PolicyConfig (same behaviour and errors)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -431,7 +401,6 @@ def load_policy_from_config(config: PolicyConfig) -> Policy:
         model.set_attn_implementation(register())
     if not hasattr(model, "model") or not hasattr(model.model, "get_rope_index"):
         raise PolicyLoadError(f"policy {config.name}: {ckpt} is a {type(model).__name__}, not a Qwen-VL model")
-    patch_embed_as_matmul(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora.enabled:

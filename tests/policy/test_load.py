@@ -142,39 +142,3 @@ def test_unresolvable_hub_fails_before_any_hub_request(monkeypatch, tmp_path):
     with pytest.raises(PolicyLoadError, match="does not resolve") as err:
         load_policy(name="qwen3_vl_8b", path="Qwen/Qwen3-VL-8B-Instruct", tiny=None)
     assert "policy.path" in str(err.value) and "HF_HUB_OFFLINE" in str(err.value)
-
-
-def test_patch_embedding_runs_as_a_matmul_with_the_convolutions_values(make_policy):
-    """load_policy runs the vision patch embedding's Conv3d (kernel = stride = one patch) as a matmul:
-    the same outputs as the convolution, and a wrapped projection keeps the module's own forward."""
-    from rlkit.policy.policy import patch_embed_as_matmul
-
-    policy = make_policy(dtype="float32")
-    embeds = [m for m in policy.model.modules() if type(m).__name__.endswith("VisionPatchEmbed")]
-    assert len(embeds) == 1
-    embed = embeds[0]
-    assert "forward" in vars(embed)  # the instance's forward was replaced at load
-    proj = embed.proj
-    patch = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * proj.kernel_size[2]
-    x = torch.randn(37, patch, generator=torch.Generator().manual_seed(0))
-    as_conv = type(embed).forward(embed, x)  # transformers' Conv3d path
-    as_matmul = embed(x)
-    assert as_matmul.shape == as_conv.shape == (37, proj.out_channels)
-    torch.testing.assert_close(as_matmul, as_conv, rtol=1e-5, atol=1e-5)
-    # a flipped filter gives other values, and the two paths still agree: the flattening order matches
-    with torch.no_grad():
-        proj.weight.copy_(proj.weight.flip(-1))
-    as_matmul_flipped = embed(x)
-    assert not torch.allclose(as_matmul_flipped, as_matmul)
-    torch.testing.assert_close(as_matmul_flipped, type(embed).forward(embed, x), rtol=1e-5, atol=1e-5)
-
-    # a projection that is not a plain Conv3d (an adapter on it) keeps its own forward
-    class Shifted(torch.nn.Conv3d):
-        def forward(self, x):
-            return super().forward(x) + 1.0
-
-    shifted = Shifted(proj.in_channels, proj.out_channels, proj.kernel_size, stride=proj.stride)
-    shifted.load_state_dict(proj.state_dict())
-    embed.proj = shifted
-    torch.testing.assert_close(embed(x), as_matmul_flipped + 1.0, rtol=1e-5, atol=1e-5)
-    assert patch_embed_as_matmul(torch.nn.Linear(2, 2)) == 0  # nothing to change elsewhere

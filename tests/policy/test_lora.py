@@ -22,14 +22,10 @@ def _batch(policy):
 
 
 def _hf_base(path):
-    """The base model as transformers loads it, with the attention the CPU policy runs (rlkit.policy.attention)
-    and its patch embedding as a matmul (as load_policy runs it)."""
+    """The base model as transformers loads it, with the attention the CPU policy runs (rlkit.policy.attention)."""
     from rlkit.policy.attention import register
-    from rlkit.policy.policy import patch_embed_as_matmul
 
-    model = Qwen3VLForConditionalGeneration.from_pretrained(path, attn_implementation=register())
-    patch_embed_as_matmul(model)
-    return model
+    return Qwen3VLForConditionalGeneration.from_pretrained(path, attn_implementation=register())
 
 
 def _logits(model, policy, prompt):
@@ -70,16 +66,12 @@ def test_adapter_roundtrip_into_fresh_base(make_policy, tiny_dir, tmp_path):
     cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and "lm_head" not in cfg["target_modules"]
     from rlkit.policy.attention import register
-    from rlkit.policy.policy import patch_embed_as_matmul
 
     prompt = _batch(policy)
     ours = _logits(policy.model, policy, prompt)
-    # bitwise with what the CPU policy runs (rlkit_sdpa attention, the patch embedding as a matmul), within
-    # rounding with transformers' own model (sdpa, the patch embedding's Conv3d)
+    # bitwise with the attention the CPU policy runs (rlkit_sdpa), within rounding with transformers' sdpa
     for attn, exact in ((register(), True), ("sdpa", False)):
         base = Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir, attn_implementation=attn)
-        if exact:
-            patch_embed_as_matmul(base)
         fresh = _logits(PeftModel.from_pretrained(base, tmp_path / "adapter"), policy, prompt)
         assert torch.equal(ours, fresh) if exact else torch.allclose(ours, fresh, atol=1e-5)
 
