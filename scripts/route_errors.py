@@ -7,7 +7,10 @@ For each evaluation file: how many episodes failed, and of those how many first 
 picture misread), turned into an open corridor off the route (a planning error), went past the goal,
 or stopped short; with the mean position of that first error, and how many of the failed tasks need a
 detour (a route longer than the Manhattan distance: envs/visgym/route_errors.py needs_detour). The env's
-variant and parser come from the run's .hydra/config.yaml (defaults: easy, plan).
+variant and parser come from the run's .hydra/config.yaml; ``--variant``/``--parser`` set them where the
+run has none (a copied eval json) or override it. Without either, easy and plan are assumed, and said so.
+
+    python scripts/route_errors.py copied/final.json --variant small
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from envs.visgym.parsers import make_parser  # noqa: E402
 from envs.visgym.route_errors import ERROR_KINDS, first_route_error, needs_detour  # noqa: E402
+from envs.visgym.maze import VARIANT_SIZES  # noqa: E402
 
 
 def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:
@@ -60,6 +64,9 @@ def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="a run folder (its eval/*.json) or one eval json")
+    ap.add_argument("--variant", choices=sorted(VARIANT_SIZES),
+                    help="the maze variant (env.variant); default: the run's .hydra/config.yaml, else easy")
+    ap.add_argument("--parser", help="the plan parser (env.parser); default: the run's config, else plan")
     args = ap.parse_args()
     path = Path(args.path)
     if not path.exists():
@@ -69,9 +76,14 @@ def main() -> None:
         sys.exit(f"route_errors: no eval/*.json under {path}; give a run folder or an eval json")
     run_dir = path if path.is_dir() else path.parent.parent
     variant, parser_name = "easy", "plan"
-    if (run_dir / ".hydra" / "config.yaml").is_file():
-        env = OmegaConf.load(run_dir / ".hydra" / "config.yaml").env
+    config = run_dir / ".hydra" / "config.yaml"
+    if config.is_file():
+        env = OmegaConf.load(config).env
         variant, parser_name = env.get("variant", variant), env.get("parser", parser_name)
+    elif args.variant is None:
+        print(f"route_errors: no {config}; assuming variant {variant!r} (9x9) and parser {parser_name!r}; "
+              f"pass --variant small for a 7x7 run", file=sys.stderr)
+    variant, parser_name = args.variant or variant, args.parser or parser_name
     cols = [*ERROR_KINDS, "unparsed"]
     print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  mean error at move  detours failed")
     for f in files:

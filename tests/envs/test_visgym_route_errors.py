@@ -108,3 +108,27 @@ def test_script_names_a_missing_path(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 1
     assert "does not exist" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_script_takes_the_variant_of_a_copied_eval_json(tmp_path):
+    """An eval json copied out of its run has no .hydra config: --variant names the maze size, and
+    without it the script says which variant it assumed instead of silently reading 9x9 mazes."""
+    from envs.visgym.spec import EVAL_SETS
+
+    seeds = EVAL_SETS["visgym_small_64"].seeds
+    # a 7x7 detour whose 9x9 maze of the same seed has none, so the two variants count differently
+    picked = [s for s in seeds if needs_detour("small", s) and not needs_detour("easy", s)][:2]
+    assert len(picked) == 2
+    tasks = [{"seed": s, "success": False, "actions": ["<answer>stop</answer>"]} for s in picked]
+    f = tmp_path / "final.json"
+    f.write_text(json.dumps({"tasks": tasks}))
+    script = str(ROOT / "scripts" / "route_errors.py")
+    small = subprocess.run([sys.executable, script, str(f), "--variant", "small"],
+                           capture_output=True, text=True, check=True)
+    assert small.stdout.splitlines()[1].split()[-1] == "2/2"
+    assert "assuming" not in small.stderr
+    assumed = subprocess.run([sys.executable, script, str(f)], capture_output=True, text=True, check=True)
+    assert "assuming variant 'easy'" in assumed.stderr and "--variant small" in assumed.stderr
+    assert assumed.stdout.splitlines()[1].split()[-1] == "0/0"
+    bad = subprocess.run([sys.executable, script, str(f), "--variant", "medium"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
