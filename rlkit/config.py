@@ -46,6 +46,13 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  # KL-to-reference loss coefficient; 0 = reference never computed
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    # Demonstration loss on the tasks RL cannot reach (after ReLIFT, Ma et al. 2025, "Learning What
+    # Reinforcement Learning Can't"): each step, the tasks whose G samples all failed (in every
+    # dynamic-sampling round) get the env's solver demonstration, and demo_coef x its mean negative
+    # log-likelihood per token is added to the update's first optimizer step. 0 = off. Needs an env with
+    # demonstration() and backend=native. At most demo_max_tasks demonstrations a step.
+    demo_coef: float = 0.0
+    demo_max_tasks: int = 16
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
@@ -287,6 +294,8 @@ RANGES: dict[str, Range] = {
     "algorithm.kl_coef": Range(0, note="0 = no KL term, the reference is never computed"),
     "algorithm.kl_estimator": Range(choices=("k1", "k2", "k3")),
     "algorithm.entropy_coef": Range(0, note="0 = no entropy bonus"),
+    "algorithm.demo_coef": Range(0, note="0 = no demonstration loss"),
+    "algorithm.demo_max_tasks": Range(1, integer=True),
     "algorithm.update_epochs": Range(1, integer=True, note="passes over each step's batch"),
     "algorithm.mini_batch_size": Range(1, integer=True, none=True, note="null = the whole batch"),
     "algorithm.micro_batch_size": Range(1, integer=True),

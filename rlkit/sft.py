@@ -136,6 +136,27 @@ def batch_shares_prefix(policy: Any) -> bool:
     return shared_prefix_unsupported(policy.model) is None
 
 
+def demonstration_nll(policy: Any, demonstrations: list[Trajectory], shared_prefix: bool | None = None) -> torch.Tensor:
+    """Teacher-forced negative log-likelihood of demonstrations under the policy, with gradient.
+
+    Args: demonstrations (n trajectories, ``demonstration_trajectory``; loss mask 1 on the demonstrated
+        tokens), shared_prefix: run the batch's common prefix once (``batch_shares_prefix``; None = when
+        the model supports it). Logprobs of the untempered policy (temperature 1).
+    Returns: scalar, the mean over every demonstrated token of the batch (nats per token).
+    Raises: ValueError for an empty list.
+    """
+    if not demonstrations:
+        raise ValueError("demonstration_nll needs at least one demonstration")
+    if shared_prefix is None:
+        shared_prefix = batch_shares_prefix(policy)
+    logprobs, _ = policy.logprobs(demonstrations, temperature=1.0, with_entropy=False,
+                                  shared_prefix=shared_prefix)  # [n, T]
+    mask = torch.zeros_like(logprobs)
+    for i, t in enumerate(demonstrations):
+        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    return -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 _LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
 
 
@@ -233,11 +254,7 @@ def train_sft(
             if len(order) < cfg.batch_size:
                 order += torch.randperm(len(demos), generator=gen).tolist()
             batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-        logprobs, _ = policy.logprobs(batch, temperature=1.0, with_entropy=False, shared_prefix=share)  # [n, T]
-        mask = torch.zeros_like(logprobs)
-        for i, t in enumerate(batch):
-            mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+        loss = demonstration_nll(policy, batch, shared_prefix=share)
         loss.backward()
         loss = loss.detach()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -74,6 +74,7 @@ def grpo_update(
     temperature: float,
     generator: torch.Generator,
     on_backward: Callable[[], None] | None = None,
+    demonstrations: list[Trajectory] | None = None,
 ) -> dict[str, float]:
     """Run the GRPO update on one step's batch; return policy/* metrics (means over optimizer steps).
 
@@ -84,17 +85,30 @@ def grpo_update(
         cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
         generator: seeds the mini-batch shuffle.
         on_backward: called after each micro-batch's backward (fault injection in tests).
+        demonstrations: solver demonstrations (rlkit.sft.demonstration_trajectory) for the
+            ``cfg.demo_coef`` term: ``demo_coef x`` their mean NLL per token (rlkit.sft.demonstration_nll)
+            is added to the loss of the first optimizer step (ReLIFT, Ma et al. 2025). Ignored when
+            demo_coef is 0. With no kept sequence, that step runs on the demonstrations alone.
+            Adds demo/nll (before the step) to the metrics.
     """
     keep = kept_sequences(trajectories, advantages, cfg)
-    if not keep:
+    demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
+    if not keep and not demos:
         return {"policy/skipped": 1.0}
     mini = cfg.mini_batch_size or len(keep)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     n_opt = 0
-    for _ in range(cfg.update_epochs):
-        for batch in minibatches(trajectories, keep, mini, generator):
-            stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward)
+    demo_nll = None
+    for _ in range(cfg.update_epochs if keep else 1):
+        for batch in minibatches(trajectories, keep, mini, generator) if keep else [[]]:
+            stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward) if batch else {}
+            if demos and demo_nll is None:
+                from rlkit.sft import demonstration_nll
+
+                nll = demonstration_nll(policy, demos)
+                (cfg.demo_coef * nll).backward()
+                demo_nll = float(nll.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -109,6 +123,8 @@ def grpo_update(
             n_opt += 1
     out = {k: v / n_opt for k, v in sums.items()}
     out["policy/optimizer_steps"] = float(n_opt)
+    if demo_nll is not None:
+        out["demo/nll"] = demo_nll
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
 
@@ -124,6 +140,24 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     if cfg.overlong_filtering:
         keep = [i for i in keep if getattr(trajectories[i], "num_truncated_turns", 0) == 0]
     return keep
+
+
+def all_fail_tasks(trajectories: list[Trajectory], group_size: int) -> list[int]:
+    """Seeds of the tasks none of whose ``group_size`` samples succeeded (``episode.success``), in order
+    of first appearance, each once: the tasks the ``demo_coef`` term teaches by demonstration.
+
+    Args: trajectories: groups contiguous (``group_size`` samples each, as rlkit.rollout returns them).
+    Raises: ValueError if their number is not a multiple of group_size.
+    """
+    if group_size < 1 or len(trajectories) % group_size:
+        raise ValueError(f"{len(trajectories)} trajectories are not whole groups of {group_size}")
+    seeds: list[int] = []
+    for k in range(0, len(trajectories), group_size):
+        group = trajectories[k : k + group_size]
+        seed = group[0].episode.seed
+        if not any(t.episode.success for t in group) and seed not in seeds:
+            seeds.append(seed)
+    return seeds
 
 
 def minibatches(trajs: list[Trajectory], keep: list[int], mini: int, generator: torch.Generator) -> list[list[int]]:

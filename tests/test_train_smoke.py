@@ -107,6 +107,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("env.parser=keyword", "does not fit"),
     ("seed=-1", "seed=-1 must be an integer >= 0"),
     ("algorithm.update_epochs=0", "algorithm.update_epochs=0 must be an integer >= 1"),
+    ("algorithm.demo_coef=-0.1", "algorithm.demo_coef=-0.1 must be >= 0"),
     ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
@@ -135,3 +136,25 @@ def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     (sft,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
     proc2 = _run(["experiment=smoke", "steps=1", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert "grounding: reusing" in proc2.stdout and "SFT warm start: reusing" in proc2.stdout
+
+
+def test_demo_loss_runs_end_to_end_and_is_refused_where_it_cannot_run(tmp_path):
+    # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration
+    out = tmp_path / "run"
+    _run(["experiment=smoke", "algorithm.demo_coef=0.5", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"],
+         tmp_path)
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [ln for ln in lines if "reward/mean" in ln]
+    for ln in steps:  # 2 tasks a step
+        assert ln["demo/tasks"] <= 2
+        if ln["reward/success_rate"] == 0:  # no sample succeeded: both tasks get their demonstration
+            assert ln["demo/tasks"] == 2
+        if ln["demo/tasks"]:
+            assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
+    assert sum(ln["demo/tasks"] for ln in steps) >= 1
+    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "backend=native_ray",
+                           "algorithm.demo_coef=0.5", f"hydra.run.dir={tmp_path / 'ray'}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "algorithm.demo_coef=0.5: the demonstration loss runs in backend=native only" \
+        in proc.stderr, proc.stderr[-3000:]

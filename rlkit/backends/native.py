@@ -70,6 +70,8 @@ class NativeRun:
     #: control=fixed_image wraps the env spec in this process (rlkit/controls.py); a backend whose
     #: envs live elsewhere (native_ray's workers) sets this False and refuses it
     supports_fixed_image_control = True
+    #: algorithm.demo_coef's demonstrations are built and trained on in this process
+    supports_demo_loss = True
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -111,6 +113,9 @@ class NativeRun:
             raise ConfigError(f"eval.num_tasks={n_eval}: use null (all) or 1..{len(seeds)} "
                               f"(the size of {self.env_spec.eval_set_name})")
         self.eval_seeds = seeds[:n_eval] if n_eval else seeds
+        if self.algo.demo_coef > 0 and not callable(getattr(self.env_spec.make(), "demonstration", None)):
+            raise ConfigError(f"algorithm.demo_coef={self.algo.demo_coef}: env {cfg.env.get('name', '?')} has no "
+                              "demonstration() (a solver) to teach its all-fail tasks; set algorithm.demo_coef=0")
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
@@ -178,6 +183,10 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
+        if self.algo.demo_coef > 0:
+            if not self.supports_demo_loss:
+                problems.append(f"algorithm.demo_coef={self.algo.demo_coef}: the demonstration loss runs in "
+                                "backend=native only; use backend=native or set algorithm.demo_coef=0")
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
             problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
                             "other processes); use backend=native, or control=shuffled_reward here")
@@ -384,11 +393,14 @@ class NativeRun:
                         policy_version=step - 1)
         return trajs, {}
 
-    def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor) -> dict[str, float]:
-        """Hook: the GRPO update on this step's batch and the LR scheduler step; policy/* metrics."""
+    def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
+                demonstrations: list[Any] | None = None) -> dict[str, float]:
+        """Hook: the GRPO update on this step's batch (+ the demo_coef term on ``demonstrations``) and the
+        LR scheduler step; policy/* metrics."""
         update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
                              temperature=self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0,
-                             generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step))
+                             generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step),
+                             demonstrations=demonstrations)
         self.scheduler.step()
         return update
 
@@ -426,9 +438,10 @@ class NativeRun:
 
             rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
         advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
+        demos = self._demonstrations(sampled, timing) if self.algo.demo_coef > 0 else None
         t2 = time.time()
         with self.progress.phase("update", step, cfg.steps):
-            update = self._update(step, trajs, advantages)
+            update = self._update(step, trajs, advantages, demos) if demos else self._update(step, trajs, advantages)
         timing["timing/train"] = time.time() - t2
         metrics = {
             "reward/mean": float(sampled_rewards.mean()),
@@ -444,6 +457,21 @@ class NativeRun:
             "timing/step": time.time() - t0,
         }
         return metrics
+
+    def _demonstrations(self, sampled: list[Any], timing: dict[str, float]) -> list[Any]:
+        """The solver's demonstrations of this step's all-fail tasks (rlkit.update.all_fail_tasks over
+        every sampled group, at most algorithm.demo_max_tasks), for the demo_coef term; demo/tasks and
+        timing/demo into ``timing``. A task whose demonstration does not solve it within the env's
+        budget is left out."""
+        from rlkit.sft import demonstration_trajectory
+        from rlkit.update import all_fail_tasks
+
+        t0 = time.time()
+        seeds = all_fail_tasks(sampled, self.cfg.group_size)[: self.algo.demo_max_tasks]
+        demos = [d for d in (demonstration_trajectory(self.env_spec, self.policy, s) for s in seeds) if d is not None]
+        timing["demo/tasks"] = float(len(demos))
+        timing["timing/demo"] = time.time() - t0
+        return demos
 
     def _dynamic_sampling(self, step: int, sampling: Any, trajs: list[Any], rewards_out: list[Any],
                           timing: dict[str, float]) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float]]:

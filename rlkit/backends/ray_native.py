@@ -107,6 +107,7 @@ class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
     supports_fixed_image_control = False  # the envs are built on the rollout workers
+    supports_demo_loss = False  # the update runs on the trainer ranks, which take no demonstrations
 
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
@@ -172,7 +173,10 @@ class RayNativeRun(NativeRun):
     def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
         return self.cluster.rollout(seeds, self.cfg.group_size, sampling, version=step - 1)
 
-    def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor) -> dict[str, float]:
+    def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
+                demonstrations: list[Any] | None = None) -> dict[str, float]:
+        if demonstrations:  # _validate refuses algorithm.demo_coef > 0 here (supports_demo_loss)
+            raise ConfigError("algorithm.demo_coef > 0 runs in backend=native only")
         lr = self.optimizer.param_groups[0]["lr"]  # set by the scheduler on the shadow optimizer
         temperature = self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0
         metrics = self.cluster.update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr, version=step)

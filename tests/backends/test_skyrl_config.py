@@ -126,6 +126,7 @@ def test_same_training_tasks_as_the_native_sampler():
     "override, key",
     [
         ("algorithm.entropy_coef=0.01", "algorithm.entropy_coef"),
+        ("algorithm.demo_coef=0.3", "algorithm.demo_coef"),
         ("algorithm.filter_zero_variance_groups=true", "algorithm.filter_zero_variance_groups"),
         ("algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_max_rounds"),
         ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),

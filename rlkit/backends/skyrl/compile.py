@@ -393,6 +393,11 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
         problems.append(
             f"algorithm.adv_eps={algo.adv_eps}: SkyRL's GRPO uses a fixed epsilon of {SKYRL_GRPO_EPS}; set it to {SKYRL_GRPO_EPS}"
         )
+    if algo.demo_coef != 0.0:
+        problems.append(
+            f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native only "
+            "(SkyRL's trainer computes its own loss); set it to 0"
+        )
     if algo.entropy_coef != 0.0:
         problems.append(
             f"algorithm.entropy_coef={algo.entropy_coef}: SkyRL averages its entropy term per micro-batch "
