@@ -127,3 +127,12 @@ def test_small_maze_image_is_one_token_per_cell():
                                         min_pixels=sizes.image_min_pixels, max_pixels=sizes.image_max_pixels)
         _, h, w = proc(images=[image], return_tensors="pt")["image_grid_thw"][0].tolist()
         assert (h // sizes.merge_size, w // sizes.merge_size) == (cells, cells), env
+
+
+def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_loss():
+    cfg = _compose(["experiment=long_demo"])
+    assert (cfg.steps, cfg.algorithm.demo_coef, cfg.trainer.eval_interval) == (1200, 0.3, 30)
+    # the recipe's values stay: grounding, lr 2e-3 on a cosine, dynamic sampling, the tower's adapter
+    assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.algorithm.lr_schedule == "cosine"
+    assert cfg.algorithm.dynamic_sampling_max_rounds == 3 and cfg.policy.lora.include_vision is True
+    assert _compose([]).algorithm.demo_coef == 0.0  # the default job does not use it
