@@ -183,10 +183,9 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
-        if self.algo.demo_coef > 0:
-            if not self.supports_demo_loss:
-                problems.append(f"algorithm.demo_coef={self.algo.demo_coef}: the demonstration loss runs in "
-                                "backend=native only; use backend=native or set algorithm.demo_coef=0")
+        if self.algo.demo_coef > 0 and not self.supports_demo_loss:
+            problems.append(f"algorithm.demo_coef={self.algo.demo_coef}: the demonstration loss runs in "
+                            "backend=native only; use backend=native or set algorithm.demo_coef=0")
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
             problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
                             "other processes); use backend=native, or control=shuffled_reward here")
@@ -441,7 +440,7 @@ class NativeRun:
         demos = self._demonstrations(sampled, timing) if self.algo.demo_coef > 0 else None
         t2 = time.time()
         with self.progress.phase("update", step, cfg.steps):
-            update = self._update(step, trajs, advantages, demos) if demos else self._update(step, trajs, advantages)
+            update = self._update(step, trajs, advantages, demos)
         timing["timing/train"] = time.time() - t2
         metrics = {
             "reward/mean": float(sampled_rewards.mean()),
