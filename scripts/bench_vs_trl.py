@@ -148,9 +148,9 @@ def rlkit_worker(args) -> dict:
         """NativeRun with setup() cut to what train_step reads (no warm start, logger, eval or
         checkpoints); keeps the last step's batch for the FLOP count."""
 
-        def _update(self, step, trajs, advantages):
+        def _update(self, step, trajs, advantages, demonstrations=None):
             self.last_batch = (trajs, advantages)
-            return super()._update(step, trajs, advantages)
+            return super()._update(step, trajs, advantages, demonstrations)
 
     run = BenchRun(cfg)
     torch.set_num_threads(1)
