@@ -50,7 +50,7 @@ class AlgorithmConfig:
     # Reinforcement Learning Can't"): each step, the tasks whose G samples all failed (in every
     # dynamic-sampling round) get the env's solver demonstration, and demo_coef x its mean negative
     # log-likelihood per token is added to the update's first optimizer step. 0 = off. Needs an env with
-    # demonstration() and backend=native. At most demo_max_tasks demonstrations a step.
+    # demonstration() and backend=native or native_ray. At most demo_max_tasks demonstrations a step.
     demo_coef: float = 0.0
     demo_max_tasks: int = 16
     update_epochs: int = 1

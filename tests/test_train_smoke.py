@@ -138,7 +138,7 @@ def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     assert "grounding: reusing" in proc2.stdout and "SFT warm start: reusing" in proc2.stdout
 
 
-def test_demo_loss_runs_end_to_end_and_is_refused_where_it_cannot_run(tmp_path):
+def test_demo_loss_runs_end_to_end(tmp_path):
     # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration
     out = tmp_path / "run"
     _run(["experiment=smoke", "algorithm.demo_coef=0.5", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"],
@@ -152,9 +152,3 @@ def test_demo_loss_runs_end_to_end_and_is_refused_where_it_cannot_run(tmp_path):
         if ln["demo/tasks"]:
             assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
     assert sum(ln["demo/tasks"] for ln in steps) >= 1
-    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "backend=native_ray",
-                           "algorithm.demo_coef=0.5", f"hydra.run.dir={tmp_path / 'ray'}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "algorithm.demo_coef=0.5: the demonstration loss runs in backend=native only" \
-        in proc.stderr, proc.stderr[-3000:]

@@ -70,8 +70,6 @@ class NativeRun:
     #: control=fixed_image wraps the env spec in this process (rlkit/controls.py); a backend whose
     #: envs live elsewhere (native_ray's workers) sets this False and refuses it
     supports_fixed_image_control = True
-    #: algorithm.demo_coef's demonstrations are built and trained on in this process
-    supports_demo_loss = True
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -183,9 +181,6 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
-        if self.algo.demo_coef > 0 and not self.supports_demo_loss:
-            problems.append(f"algorithm.demo_coef={self.algo.demo_coef}: the demonstration loss runs in "
-                            "backend=native only; use backend=native or set algorithm.demo_coef=0")
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
             problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
                             "other processes); use backend=native, or control=shuffled_reward here")
@@ -462,15 +457,21 @@ class NativeRun:
         every sampled group, at most algorithm.demo_max_tasks), for the demo_coef term; demo/tasks and
         timing/demo into ``timing``. A task whose demonstration does not solve it within the env's
         budget is left out."""
-        from rlkit.sft import demonstration_trajectory
         from rlkit.update import all_fail_tasks
 
         t0 = time.time()
         seeds = all_fail_tasks(sampled, self.cfg.group_size)[: self.algo.demo_max_tasks]
-        demos = [d for d in (demonstration_trajectory(self.env_spec, self.policy, s) for s in seeds) if d is not None]
+        demos = self._demonstration_trajectories(seeds) if seeds else []
         timing["demo/tasks"] = float(len(demos))
         timing["timing/demo"] = time.time() - t0
         return demos
+
+    def _demonstration_trajectories(self, seeds: list[int]) -> list[Any]:
+        """Hook: rlkit.sft.demonstration_trajectory for each seed, in order, the unsolved ones left out
+        (built in this process; backend=native_ray builds them on its rollout workers)."""
+        from rlkit.sft import demonstration_trajectory
+
+        return [d for d in (demonstration_trajectory(self.env_spec, self.policy, s) for s in seeds) if d is not None]
 
     def _dynamic_sampling(self, step: int, sampling: Any, trajs: list[Any], rewards_out: list[Any],
                           timing: dict[str, float]) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float]]:

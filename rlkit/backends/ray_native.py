@@ -13,7 +13,10 @@ What runs on workers is swapped in through NativeRun's hooks:
   previous step's update produced; v0 = the initial adapter) and sample; every trajectory records
   that version.
 - ``_update``: the trainer ranks run the data-parallel update (gradients equal the single-rank
-  update's), then rank 0 publishes ``v<step>`` through ``paths.shared`` (rlkit.sync).
+  update's, the ``algorithm.demo_coef`` term included), then rank 0 publishes ``v<step>`` through
+  ``paths.shared`` (rlkit.sync).
+- ``_demonstration_trajectories`` (``algorithm.demo_coef``): the rollout workers encode the solver
+  demonstrations of the step's all-fail tasks.
 - ``_evaluate``: the rollout workers, on version ``step``.
 - ``_save``: the optimizer state is gathered from the ranks into the shadow optimizer first.
 
@@ -107,7 +110,6 @@ class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
     supports_fixed_image_control = False  # the envs are built on the rollout workers
-    supports_demo_loss = False  # the update runs on the trainer ranks, which take no demonstrations
 
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
@@ -175,17 +177,20 @@ class RayNativeRun(NativeRun):
 
     def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
                 demonstrations: list[Any] | None = None) -> dict[str, float]:
-        if demonstrations:  # _validate refuses algorithm.demo_coef > 0 here (supports_demo_loss)
-            raise ConfigError("algorithm.demo_coef > 0 runs in backend=native only")
         lr = self.optimizer.param_groups[0]["lr"]  # set by the scheduler on the shadow optimizer
         temperature = self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0
-        metrics = self.cluster.update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr, version=step)
+        metrics = self.cluster.update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr, version=step,
+                                      demonstrations=demonstrations)
         self.published_version = step
         with warnings.catch_warnings():
             # the shadow optimizer never steps (the ranks' optimizers do); the schedule is unaffected
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
             self.scheduler.step()
         return metrics
+
+    def _demonstration_trajectories(self, seeds: list[int]) -> list[Any]:
+        # the driver holds no policy (RemotePolicy); the rollout workers have the env and the chat template
+        return self.cluster.demonstrations(seeds)
 
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)

@@ -182,12 +182,17 @@ class RayCluster:
         return self._trainers("publish", int(version))[0]
 
     def update(self, trajectories: list[Any], advantages: torch.Tensor, algo: Any, temperature: float,
-               generator: torch.Generator, lr: float, version: int) -> dict[str, float]:
+               generator: torch.Generator, lr: float, version: int,
+               demonstrations: list[Any] | None = None) -> dict[str, float]:
         """One GRPO update across the ranks at learning rate ``lr``, then publish ``v<version>``.
 
-        Returns: rank 0's metrics (policy/*, timing/update, timing/publish, sync/published_*).
+        ``demonstrations``: solver demonstrations for the ``algo.demo_coef`` term, split across the
+        ranks (rlkit.distributed.update.plan_update).
+
+        Returns: rank 0's metrics (policy/*, demo/nll with demonstrations, timing/update,
+        timing/publish, sync/published_*).
         """
-        payloads = plan_update(trajectories, advantages, algo, len(self.trainers), generator)
+        payloads = plan_update(trajectories, advantages, algo, len(self.trainers), generator, demonstrations)
         if payloads is None:
             payloads = [RankPayload(rank=r) for r in range(len(self.trainers))]
         refs = [t.train.remote(payloads[r], float(lr), float(temperature), int(version), algo)
@@ -231,6 +236,13 @@ class RayCluster:
             "sync/wait_s": max(i["load"]["wait_s"] for i in infos),
             "timing/sample": max(i["rollout_s"] for i in infos),
         }
+
+    def demonstrations(self, seeds: list[int]) -> list[Any]:
+        """rlkit.sft.demonstration_trajectory of each seed, built on the rollout workers (seeds split
+        across them), in seed order; a seed whose demonstration does not solve its task is left out."""
+        jobs = self._split(seeds)
+        refs = [self.rollouts[j].demonstrations.remote(chunk) for j, chunk in jobs]
+        return [d for part in _get_all(refs, what="rollout workers (demonstrations)") for d in part]
 
     def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
         """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged.

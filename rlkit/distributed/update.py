@@ -24,6 +24,11 @@ Here (same result, up to float summation order):
    (DTensor) gradients; the optimizer step updates the shards.
 3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
    gives the single-rank diagnostic of the mini-batch.
+4. The ``demo_coef`` term (ReLIFT demonstrations, rlkit.update.grpo_update): the demonstrations are
+   split across the ranks like a mini-batch (a rank without one runs a filler demonstration with
+   weight 0) and added to the first optimizer step after its GRPO micro-batches. Each rank weighs its
+   share's mean NLL per token by its share of the demonstrated tokens, so the sum over the ranks is
+   ``demo_coef`` x the mean NLL per token of all of them; the gradient sync moves to that backward.
 """
 
 from __future__ import annotations
@@ -69,6 +74,11 @@ class RankPayload:
     steps: list[RankStep] = field(default_factory=list)
     trajectories: dict[int, Trajectory] = field(default_factory=dict)
     advantages: dict[int, float] = field(default_factory=dict)
+    #: this rank's share of the demo_coef demonstrations (trained with the first step), or one filler
+    #: demonstration when the share is empty; demo_weight: the share's demonstrated tokens over all
+    #: ranks' (0 for a filler)
+    demonstrations: list[Trajectory] = field(default_factory=list)
+    demo_weight: float = 0.0
 
 
 def split_even(items: list[Any], parts: int) -> list[list[Any]]:
@@ -88,21 +98,34 @@ def plan_update(
     cfg: AlgorithmConfig,
     world_size: int,
     generator: torch.Generator,
+    demonstrations: list[Trajectory] | None = None,
 ) -> list[RankPayload] | None:
-    """Split one step's update across ``world_size`` ranks (module doc, step 1).
+    """Split one step's update across ``world_size`` ranks (module doc, steps 1 and 4).
 
     Args: trajectories: N. advantages: [N] float. cfg: the algorithm config. generator: the run's
-    shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it).
+    shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it). demonstrations:
+    the ``cfg.demo_coef`` term's (ignored when demo_coef is 0).
 
-    Returns: one RankPayload per rank, or None when no sequence is kept (the update is skipped,
-    as grpo_update's ``policy/skipped``; the generator is not drawn from).
+    Returns: one RankPayload per rank, or None when no sequence is kept and there is no
+    demonstration (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
+    drawn from). With demonstrations and no kept sequence: one optimizer step on them alone.
     """
     keep = kept_sequences(trajectories, advantages, cfg)
-    if not keep:
+    demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
+    if not keep and not demos:
         return None
+    payloads = [RankPayload(rank=r) for r in range(world_size)]
+    if demos:
+        total = sum(d.num_policy_tokens for d in demos)
+        for p, share in zip(payloads, split_even(demos, world_size)):
+            p.demonstrations = share or [demos[0]]
+            p.demo_weight = sum(d.num_policy_tokens for d in share) / max(total, 1)
+    if not keep:
+        for p in payloads:
+            p.steps.append(RankStep([], -1, 0, 0, 0))
+        return payloads
     mini = cfg.mini_batch_size or len(keep)
     micro = max(cfg.micro_batch_size, 1)
-    payloads = [RankPayload(rank=r) for r in range(world_size)]
     for _ in range(cfg.update_epochs):
         for batch in minibatches(trajectories, keep, mini, generator):
             if world_size == 1 and cfg.shared_prefix:
@@ -152,16 +175,18 @@ def sharded_grpo_update(
     micro = max(cfg.micro_batch_size, 1)
     totals: dict[str, float] = {}
     n_opt = 0
+    demo_nll = None
     for step in payload.steps:
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
+        with_demos = bool(payload.demonstrations) and demo_nll is None
         chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
         for m in range(step.num_micro):
             is_filler = m >= len(chunks)
             idx = [step.filler] if is_filler else chunks[m]
             seqs = [payload.trajectories[i] for i in idx]
             _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
-            root.set_requires_gradient_sync(m == step.num_micro - 1)
+            root.set_requires_gradient_sync(m == step.num_micro - 1 and not with_demos)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
             # shared_prefix off over > 1 rank: the prefix/suffix forwards per micro-batch vary with the
             # groups it holds, and FSDP2's all-gathers need the same number of forwards on every rank
@@ -179,6 +204,8 @@ def sharded_grpo_update(
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
                 else:
                     sums[k] = sums.get(k, 0.0) + float(v) * weight
+        if with_demos:
+            demo_nll = _demonstration_backward(policy, root, payload, cfg)
         grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
@@ -195,8 +222,23 @@ def sharded_grpo_update(
         n_opt += 1
     out = {k: v / n_opt for k, v in totals.items()}
     out["policy/optimizer_steps"] = float(n_opt)
+    if demo_nll is not None:
+        out["demo/nll"] = demo_nll
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+def _demonstration_backward(policy: Any, root: Any, payload: RankPayload, cfg: AlgorithmConfig) -> float:
+    """Backward of this rank's part of the demo_coef term (module doc, step 4), with the gradient
+    sync on; returns the mean NLL per token of all ranks' demonstrations (before the step)."""
+    from rlkit.sft import demonstration_nll
+
+    _check_same_modality(any(len(t.image_inputs) > 0 for t in payload.demonstrations))
+    root.set_requires_gradient_sync(True)
+    # full-sequence forward over > 1 rank: every rank must run the same forwards (as for the micro-batches)
+    nll = demonstration_nll(policy, payload.demonstrations, shared_prefix=None if _world() == 1 else False)
+    (cfg.demo_coef * payload.demo_weight * nll).backward()
+    return _all_reduce_stats({"demo_nll": float(nll.detach()) * payload.demo_weight}, {})["demo_nll"]
 
 
 def _world() -> int:

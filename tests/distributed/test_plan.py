@@ -81,6 +81,32 @@ def test_plan_skips_when_nothing_is_kept_without_drawing():
     assert gen.get_state().equal(state)
 
 
+def test_plan_splits_the_demonstrations_by_tokens_and_steps_on_them_alone():
+    trajs = [_Traj(t) for t in (3, 5, 2, 4)]
+    demos = [_Traj(10), _Traj(20), _Traj(30)]
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    gen, ref = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    plan = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 2, gen, demonstrations=demos)
+    plan_ref = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 2, ref)
+    assert gen.get_state().equal(ref.get_state())  # the demonstrations draw nothing from the shuffle stream
+    assert [p.steps for p in plan] == [p.steps for p in plan_ref]
+    assert [p.demonstrations for p in plan] == [demos[:2], demos[2:]]
+    assert [p.demo_weight for p in plan] == pytest.approx([0.5, 0.5])  # 30 and 30 of the 60 tokens
+    # 3 ranks, 1 demonstration: the others run it as a filler with weight 0
+    plan = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 3, torch.Generator(), demonstrations=demos[:1])
+    assert [p.demonstrations for p in plan] == [demos[:1]] * 3 and [p.demo_weight for p in plan] == [1.0, 0.0, 0.0]
+    # nothing kept: one optimizer step of demonstrations alone, without drawing
+    zero = AlgorithmConfig(demo_coef=0.3, filter_zero_variance_groups=True)
+    state = gen.get_state()
+    plan = plan_update(trajs, torch.zeros(4), zero, 2, gen, demonstrations=demos)
+    assert gen.get_state().equal(state)
+    assert [(p.steps[0].indices, p.steps[0].num_micro, len(p.steps)) for p in plan] == [([], 0, 1)] * 2
+    assert sum(p.demo_weight for p in plan) == pytest.approx(1.0)
+    # demo_coef 0 ignores them
+    assert plan_update(trajs, torch.zeros(4), AlgorithmConfig(filter_zero_variance_groups=True), 2, gen,
+                       demonstrations=demos) is None
+
+
 def test_more_ranks_than_sequences_gives_filler_only_ranks():
     trajs = [_Traj(4), _Traj(6)]
     plan = plan_update(trajs, torch.tensor([1.0, -1.0]), AlgorithmConfig(micro_batch_size=4), 3, torch.Generator())

@@ -155,3 +155,39 @@ def test_sequence_reductions_and_epochs_match_single_process(cluster, make_polic
         assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
     assert m_dist["policy/optimizer_steps"] == 2.0
     assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
+
+
+def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
+    """algorithm.demo_coef on native_ray: the rollout workers encode the demonstrations exactly as this
+    process does, and the 2-rank update with them (3 demonstrations split 2/1, two optimizer steps, the
+    term in the first) equals grpo_update's; with no group kept it steps on the demonstrations alone."""
+    import rlkit.sft
+    from envs.visgym import VisGymMaze
+    from rlkit.sft import demonstration_trajectory
+
+    # the single-process side runs the full-sequence forward too (the 2 ranks cannot share the prefix)
+    monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
+    env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
+    local = make_policy()
+    perturb_lora(local.model, seed=9)
+    save_adapter(local.model, tmp_path / "init", version=0)
+    cluster.load_adapter(tmp_path / "init")
+    cluster.set_optimizer_state({})
+    demos = cluster.demonstrations([41, 42, 43])
+    ref = [demonstration_trajectory(env, local, s) for s in (41, 42, 43)]
+    assert len(demos) == 3 and [d.input_ids for d in demos] == [d.input_ids for d in ref]
+    assert [d.loss_mask for d in demos] == [d.loss_mask for d in ref]
+
+    algo = AlgorithmConfig(mini_batch_size=2, micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5,
+                           filter_zero_variance_groups=True, shared_prefix=False)
+    trajs = rollout(env, local, make_engine(local), [44, 45], 2, SAMPLING, 0)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
+    for step, adv in ((1, torch.tensor([1.0, -1.0, 0.5, -0.5])), (2, torch.zeros(4))):
+        m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=20 + step, demonstrations=demos)
+        m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=ref)
+        for key in ("demo/nll", "policy/grad_norm", "policy/optimizer_steps"):
+            assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (step, key, m_dist[key], m_local[key])
+        assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL, step
+    assert m_local["policy/optimizer_steps"] == 1.0 and "policy/pg_loss" not in m_local  # step 2: demonstrations alone
+    assert m_dist["demo/nll"] > 0

@@ -31,7 +31,8 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 def test_smoke_run_and_resume_on_ray(tmp_path):
     out = tmp_path / "run"
-    args = ["backend=native_ray", "experiment=smoke", "logger=console", f"hydra.run.dir={out}"]
+    # with the demonstration loss: the 2-step warm start solves nothing, so every task gets its demonstration
+    args = ["backend=native_ray", "experiment=smoke", "logger=console", "algorithm.demo_coef=0.5", f"hydra.run.dir={out}"]
     proc = _run(args, tmp_path)
     assert "native_ray: 1 trainer rank(s) (FSDP2, gloo) + 1 rollout worker(s), colocated" in proc.stdout
     result = json.loads((out / "result.json").read_text())
@@ -47,6 +48,8 @@ def test_smoke_run_and_resume_on_ray(tmp_path):
         for key in ("timing/rollout", "timing/train", "timing/publish", "timing/load", "timing/sync",
                     "policy/loss", "policy/lr"):
             assert key in m, key
+        if m["reward/success_rate"] == 0:  # no sample succeeded: both tasks get their demonstration
+            assert m["demo/tasks"] == 2 and m["demo/nll"] > 0
     versions = sorted(p.name for p in (tmp_path / "shared" / "lora_sync").glob("*/v*"))
     assert versions == ["v1", "v2"]  # keep_versions: 2
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"

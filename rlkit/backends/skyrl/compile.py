@@ -395,7 +395,7 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
         )
     if algo.demo_coef != 0.0:
         problems.append(
-            f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native only "
+            f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native and native_ray only "
             "(SkyRL's trainer computes its own loss); set it to 0"
         )
     if algo.entropy_coef != 0.0:
