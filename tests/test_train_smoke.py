@@ -152,3 +152,16 @@ def test_demo_loss_runs_end_to_end(tmp_path):
         if ln["demo/tasks"]:
             assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
     assert sum(ln["demo/tasks"] for ln in steps) >= 1
+
+
+def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
+    # the 2-step warm start solves nothing, so with the filter every group is dropped and no update runs;
+    # the cosine schedule is per GRPO step all the same (torch warns about that unless told not to)
+    out = tmp_path / "run"
+    proc = _run(["experiment=smoke", "algorithm.filter_zero_variance_groups=true", "algorithm.lr_schedule=cosine",
+                 "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
+    steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [ln for ln in steps if "reward/mean" in ln]
+    skipped = [ln for ln in steps if ln.get("policy/skipped") == 1.0]
+    assert skipped and skipped[0]["step"] == 1, [ln.get("policy/skipped") for ln in steps]
+    assert "lr_scheduler.step()" not in proc.stderr, proc.stderr[-3000:]

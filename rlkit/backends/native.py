@@ -14,6 +14,7 @@ import os
 import platform
 import random
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -395,7 +396,11 @@ class NativeRun:
                              temperature=self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0,
                              generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step),
                              demonstrations=demonstrations)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # a skipped update (no group with signal) still advances the schedule, which is per GRPO step;
+            # torch warns when that happens before the first optimizer step
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+            self.scheduler.step()
         return update
 
     def _sample_round(self, step: int, sampling: Any, timing: dict[str, float]) -> tuple[list[Any], list[Any], dict[str, float]]:
