@@ -12,7 +12,8 @@ reported separately), the first step/time at which the target is reached, and wr
 Each seed also runs its control (``--control``, default ``fixed_image``: the same job fed one fixed
 image, rlkit/controls.py) from the same warm start, plotted dashed beside it, and prints
 ``control fixed_image: warm start X% -> Z% after N steps (seed S)``: a rise that the control
-shows too is the answer prior being learned, not the mazes being read. ``--control none`` skips it.
+shows too is the answer prior being learned, not the mazes being read. ``--control none`` skips it;
+``--control-seeds 0`` runs it beside seed 0 only.
 
 Not a test: timings depend on the machine and its load.
 """
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--control", default="fixed_image", choices=["fixed_image", "shuffled_reward", "none"],
                     help="the control run beside each seed (rlkit/controls.py); none = no control")
+    ap.add_argument("--control-seeds", type=int, nargs="+", default=None,
+                    help="run the control beside these seeds only (default: every seed); for long jobs, where "
+                         "one control shows what the task's prior gives at a fraction of the cost")
     ap.add_argument("--reuse", action="store_true",
                     help="a run folder that already holds a result.json is read, not trained again (re-plot a "
                          "finished benchmark, or fill it with runs made side by side on other cores)")
@@ -77,7 +81,7 @@ def main() -> None:
         result = json.loads((run_dir / "result.json").read_text())
         rows = curve(run_dir)
         control = None
-        if args.control != "none":
+        if args.control != "none" and (args.control_seeds is None or seed in args.control_seeds):
             c_dir = out / f"seed{seed}_{args.control}"
             train(c_dir, seed, [f"control={args.control}"])
             c_result = json.loads((c_dir / "result.json").read_text())

@@ -1,0 +1,43 @@
+"""scripts/bench_headline.py on finished run folders (--reuse): the curve, the target step, the controls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake_run(run_dir: Path, curve: list[tuple[int, float, float]]) -> None:
+    """A finished train.py folder: result.json and metrics.jsonl with (step, wall s, eval success) rows."""
+    run_dir.mkdir(parents=True)
+    lines = []
+    for step, wall, success in curve:
+        if step:
+            lines.append({"step": step, "trainer/wall_time_s": wall, "reward/mean": 0.5})
+        lines.append({"step": step, "eval/success_rate": success})
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(ln) for ln in lines) + "\n")
+    result = {"status": "completed", "eval_success_before": curve[0][2], "eval_success_after": curve[-1][2],
+              "steps_completed": curve[-1][0], "wall_time_s": curve[-1][1]}
+    (run_dir / "result.json").write_text(json.dumps(result))
+
+
+def test_reused_runs_give_the_headline_lines_and_controls_only_where_asked(tmp_path):
+    out = tmp_path / "bench"
+    _fake_run(out / "seed0", [(0, 0.0, 0.453), (30, 60.0, 0.9), (60, 120.0, 0.96875)])
+    _fake_run(out / "seed0_fixed_image", [(0, 0.0, 0.016), (30, 61.0, 0.031), (60, 119.0, 0.016)])
+    _fake_run(out / "seed1", [(0, 0.0, 0.453), (30, 58.0, 0.953), (60, 117.0, 0.94)])
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_headline.py"), "--reuse", "--seeds", "0", "1",
+                           "--control-seeds", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "headline: warm start 45.3% -> 96.9% after 60 steps in 120 s (seed 0; reused)" in proc.stdout
+    assert "control fixed_image: warm start 1.6% -> 1.6% after 60 steps (seed 0)" in proc.stdout
+    assert "headline: warm start 45.3% -> 94.0% after 60 steps in 117 s (seed 1; reused)" in proc.stdout
+    report = json.loads((out / "headline.json").read_text())
+    seed0, seed1 = report["runs"]
+    assert seed0["reached_target_at"] == {"step": 60, "success": 0.96875, "wall_time_s": 120.0}
+    assert seed1["reached_target_at"] == {"step": 30, "success": 0.953, "wall_time_s": 58.0}  # first, not last
+    assert [r["success"] for r in seed0["control"]["curve"]] == [0.016, 0.031, 0.016]
+    assert seed1["control"] is None and not (out / "seed1_fixed_image").exists()  # not trained: not asked for
