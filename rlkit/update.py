@@ -202,19 +202,23 @@ def order_by_group(trajs: list[Trajectory], batch: list[int]) -> list[int]:
 
 
 def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tensor, cfg: AlgorithmConfig,
-                     temperature: float, shared_prefix: bool | None = None,
+                     temperature: float, shared_prefix: bool | None = None, uniform_forwards: bool = False,
                      ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The unweighted GRPO loss of one micro-batch: clipped policy loss (+ KL to the reference when
     ``kl_coef > 0``, - entropy bonus when ``entropy_coef > 0``) under ``cfg.loss_reduction``.
 
     Args: seqs (n trajectories), advantages [n] (one per sequence), temperature of the logprobs,
     shared_prefix: run each group's common prefix once (module doc); None = use_shared_prefix.
+    uniform_forwards: with shared_prefix, every row runs the prefix + suffix forwards, a row alone
+    too (rlkit.policy.logprobs.compute_logprobs_shared_prefix; what FSDP ranks need).
     Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, detached
     diagnostics: clip_fraction, approx_kl, ratio_*, entropy, pg_loss, loss[, kl]).
     """
     if shared_prefix is None:
         shared_prefix = use_shared_prefix(policy, cfg)
-    extra = {"shared_prefix": True} if shared_prefix else {}
+    extra: dict[str, bool] = {"shared_prefix": True} if shared_prefix else {}
+    if shared_prefix and uniform_forwards:
+        extra["uniform_forwards"] = True
     logprobs, entropy = policy.logprobs(seqs, temperature=temperature, **extra)  # [n, T], [n, T]
     device = logprobs.device
     mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]

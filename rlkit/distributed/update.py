@@ -19,7 +19,13 @@ Here (same result, up to float summation order):
    *global* counts, so the per-rank gradients add up to the single-rank gradient; FSDP's
    reduce-scatter sums them (rlkit.distributed.fsdp sets SUM). FSDP2's collectives need every rank
    to run the same number of forwards: a rank with fewer micro-batches runs filler micro-batches
-   (a real sequence of the mini-batch, weight 0). Gradients are synchronised only after the last
+   (a real sequence of the mini-batch, weight 0), and the shared-prefix forward
+   (``algorithm.shared_prefix``; the driver orders each mini-batch group by group, so a rank's share
+   holds whole groups) runs with ``uniform_forwards``: one prefix and one suffix forward per
+   micro-batch on every rank, a sequence without a group partner in its micro-batch as a cluster of
+   one. The ranks agree first that those forwards carry images alike (``_same_forwards``), else
+   that micro-batch runs the full-sequence forward everywhere; ``policy/shared_prefix_fraction`` is
+   the share of micro-batches that shared. Gradients are synchronised only after the last
    micro-batch (``set_requires_gradient_sync``). The gradient norm is clipped over the sharded
    (DTensor) gradients; the optimizer step updates the shards.
 3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
@@ -128,8 +134,8 @@ def plan_update(
     micro = max(cfg.micro_batch_size, 1)
     for _ in range(cfg.update_epochs):
         for batch in minibatches(trajectories, keep, mini, generator):
-            if world_size == 1 and cfg.shared_prefix:
-                batch = order_by_group(trajectories, batch)  # as grpo_update: whole groups per micro-batch
+            if cfg.shared_prefix:  # as grpo_update: whole groups per micro-batch (and per rank's share)
+                batch = order_by_group(trajectories, batch)
             shares = split_even(batch, world_size)
             total_tokens = sum(trajectories[i].num_policy_tokens for i in batch)
             num_micro = max(math.ceil(len(s) / micro) for s in shares)
@@ -171,11 +177,15 @@ def sharded_grpo_update(
     from rlkit.distributed.fsdp import clip_grad_norm
     from rlkit.update import grad_clip_limit
 
+    from rlkit.update import use_shared_prefix
+
     token_level = cfg.loss_reduction == "token_mean"
     micro = max(cfg.micro_batch_size, 1)
+    shared = use_shared_prefix(policy, cfg)
     totals: dict[str, float] = {}
     n_opt = 0
     demo_nll = None
+    n_micro = n_shared = 0
     for step in payload.steps:
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
@@ -188,10 +198,11 @@ def sharded_grpo_update(
             _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
             root.set_requires_gradient_sync(m == step.num_micro - 1 and not with_demos)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
-            # shared_prefix off over > 1 rank: the prefix/suffix forwards per micro-batch vary with the
-            # groups it holds, and FSDP2's all-gathers need the same number of forwards on every rank
-            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature,
-                                                 shared_prefix=None if _world() == 1 else False)
+            share = shared and _same_forwards(policy, seqs)
+            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
+                                                 uniform_forwards=_world() > 1)
+            n_micro += 1
+            n_shared += int(share)
             if is_filler:
                 weight = 0.0
             elif token_level:
@@ -222,6 +233,8 @@ def sharded_grpo_update(
         n_opt += 1
     out = {k: v / n_opt for k, v in totals.items()}
     out["policy/optimizer_steps"] = float(n_opt)
+    if n_micro:
+        out["policy/shared_prefix_fraction"] = n_shared / n_micro
     if demo_nll is not None:
         out["demo/nll"] = demo_nll
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
@@ -239,6 +252,25 @@ def _demonstration_backward(policy: Any, root: Any, payload: RankPayload, cfg: A
     nll = demonstration_nll(policy, payload.demonstrations, shared_prefix=None if _world() == 1 else False)
     (cfg.demo_coef * payload.demo_weight * nll).backward()
     return _all_reduce_stats({"demo_nll": float(nll.detach()) * payload.demo_weight}, {})["demo_nll"]
+
+
+def _same_forwards(policy: Any, seqs: list[Trajectory]) -> bool:
+    """Whether every rank can run this micro-batch's shared-prefix forward (collective, all ranks call).
+
+    Over > 1 rank the forward runs with ``uniform_forwards`` (a prefix and a suffix forward on every
+    rank, whatever groups its micro-batch holds), and the ranks must also agree on which of the two
+    carry images (the vision blocks run only then). When they do not (a multi-turn micro-batch whose
+    suffixes have later-turn images on some ranks only), all ranks run the full-sequence forward.
+    """
+    if _world() == 1:
+        return True
+    from rlkit.policy.logprobs import forward_images, model_config
+
+    prefix, suffix = forward_images(seqs, int(model_config(policy.model).image_token_id))
+    flags = [float(prefix), float(suffix)]
+    t = torch.tensor(flags + [-f for f in flags], dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [any prefix, any suffix, -all prefix, -all suffix]
+    return bool(float(t[0]) == -float(t[2]) and float(t[1]) == -float(t[3]))
 
 
 def _world() -> int:

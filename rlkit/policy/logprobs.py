@@ -375,6 +375,7 @@ def shared_prefix_clusters(
     sequences: Sequence[SequenceLike],
     image_token_id: int,
     group_keys: Sequence[object] | None = None,
+    min_rows: int = 2,
 ) -> list[PrefixCluster]:
     """Find the rows whose forward can share a prefix.
 
@@ -388,8 +389,12 @@ def shared_prefix_clusters(
     - before the first image that differs between the rows (pixels or grid), so equal token ids
       with different pictures are never shared.
 
-    Returns: one PrefixCluster per candidate set with >= 2 rows and a non-empty prefix, in order of
-    first row; rows in no cluster run the plain full-sequence forward.
+    ``min_rows`` = 1 makes a cluster of a row alone too (its prefix: all of it but the last token,
+    cut before an image as above), so that every row runs the prefix + suffix forwards: the same two
+    model calls whatever the batch holds, which FSDP ranks need (rlkit.distributed.update).
+
+    Returns: one PrefixCluster per candidate set with >= min_rows rows and a non-empty prefix, in order
+    of first row; rows in no cluster run the plain full-sequence forward.
     """
     ids = [_ids_list(s.input_ids) for s in sequences]
     if group_keys is None:
@@ -401,7 +406,7 @@ def shared_prefix_clusters(
         by_key.setdefault(key, []).append(i)
     clusters = []
     for rows in by_key.values():
-        if len(rows) < 2:
+        if len(rows) < min_rows:
             continue
         rep = ids[rows[0]]
         p = min(len(ids[r]) for r in rows) - 1
@@ -425,6 +430,16 @@ def shared_prefix_clusters(
         if p >= 1:
             clusters.append(PrefixCluster(rows=list(rows), prefix_len=p, num_prefix_images=n_img))
     return clusters
+
+
+def forward_images(sequences: Sequence[SequenceLike], image_token_id: int) -> tuple[bool, bool]:
+    """Whether the two forwards of compute_logprobs_shared_prefix(uniform_forwards=True) on
+    ``sequences`` carry images: (prefix forward, suffix forward). The vision tower runs in a forward
+    only when it does, so FSDP ranks must agree on both before they share prefixes."""
+    clusters = shared_prefix_clusters(sequences, image_token_id, min_rows=1)
+    prefix = any(c.num_prefix_images > 0 for c in clusters)
+    suffix = any(len(_image_list(sequences[r])) > c.num_prefix_images for c in clusters for r in c.rows)
+    return prefix, suffix
 
 
 def _cat_images(images: list[tuple[torch.Tensor, torch.Tensor]], device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -453,6 +468,7 @@ def compute_logprobs_shared_prefix(
     banned_token_ids: Sequence[int] | torch.Tensor | None = None,
     with_entropy: bool = True,
     group_keys: Sequence[object] | None = None,
+    uniform_forwards: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """compute_logprobs, with each group's shared prefix computed once (same outputs, fewer FLOPs).
 
@@ -473,7 +489,9 @@ def compute_logprobs_shared_prefix(
     4. logprobs: prefix positions once per cluster (targets inside the prefix are the same for every
        row), each row's first suffix token from the prefix's last logit, the rest from the suffix logits.
 
-    Rows in no cluster run compute_logprobs' plain forward together. Positions and the attention
+    Rows in no cluster run compute_logprobs' plain forward together; with ``uniform_forwards`` every
+    row is in a cluster (a row alone too: shared_prefix_clusters' ``min_rows=1``), so the model runs
+    exactly the prefix and the suffix forward, as every FSDP rank must. Positions and the attention
     mask follow transformers' Qwen3-VL (``Qwen3VLTextModel.forward``: 3-axis position_ids are used
     as given; ``create_causal_mask`` offsets the causal mask by the cache length).
 
@@ -495,7 +513,8 @@ def compute_logprobs_shared_prefix(
     batch = sequence_batch(model, sequences, padding_side="right", with_pixels=False)  # validates; mrope positions of the full rows
     n, t = batch.input_ids.shape
     device = batch.input_ids.device
-    clusters = shared_prefix_clusters(sequences, int(cfg.image_token_id), group_keys)
+    clusters = shared_prefix_clusters(sequences, int(cfg.image_token_id), group_keys,
+                                      min_rows=1 if uniform_forwards else 2)
     in_cluster = {r for c in clusters for r in c.rows}
     lp_rows: list[torch.Tensor | None] = [None] * n
     ent_rows: list[torch.Tensor | None] = [None] * n

@@ -222,20 +222,22 @@ class Policy:
             yield self.model
 
     def compute_logprobs(self, batch, temperature: float = 1.0, with_entropy: bool = True,
-                         shared_prefix: bool = False):
+                         shared_prefix: bool = False, uniform_forwards: bool = False):
         """rlkit.policy.logprobs.compute_logprobs with this policy's model and banned ids; with
         ``shared_prefix``, compute_logprobs_shared_prefix (each group's common prefix runs once;
-        ``batch`` must then be a list of sequences)."""
+        ``batch`` must then be a list of sequences; ``uniform_forwards``: see there)."""
         from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix
 
         if shared_prefix:
             return compute_logprobs_shared_prefix(self.model, batch, temperature, self.banned_token_ids,
-                                                  with_entropy=with_entropy)
+                                                  with_entropy=with_entropy, uniform_forwards=uniform_forwards)
         return compute_logprobs(self.model, batch, temperature, self.banned_token_ids, with_entropy=with_entropy)
 
-    def logprobs(self, sequences, temperature: float = 1.0, with_entropy: bool = True, shared_prefix: bool = False):
+    def logprobs(self, sequences, temperature: float = 1.0, with_entropy: bool = True, shared_prefix: bool = False,
+                 uniform_forwards: bool = False):
         """Alias of compute_logprobs (sequences: Trajectories, PromptInputs or a SequenceBatch)."""
-        return self.compute_logprobs(sequences, temperature, with_entropy=with_entropy, shared_prefix=shared_prefix)
+        return self.compute_logprobs(sequences, temperature, with_entropy=with_entropy, shared_prefix=shared_prefix,
+                                     uniform_forwards=uniform_forwards)
 
     def save_adapter(self, path: str | os.PathLike, version: int | None = None) -> AdapterInfo:
         """Save the LoRA adapter (standard PEFT format, atomic); see rlkit.policy.lora.save_adapter."""

@@ -191,3 +191,34 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
         assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL, step
     assert m_local["policy/optimizer_steps"] == 1.0 and "policy/pg_loss" not in m_local  # step 2: demonstrations alone
     assert m_dist["demo/nll"] > 0
+
+
+@pytest.mark.parametrize("mode", ["plan", "interactive"])
+def test_shared_prefix_update_on_two_ranks_matches_single_process(cluster, make_policy, tmp_path, mode):
+    """algorithm.shared_prefix over 2 FSDP ranks: every micro-batch runs one prefix + one suffix forward
+    on every rank (a pair, two rows of different groups, a row alone), or the full forward everywhere
+    when the ranks' forwards would carry images differently (interactive: later-turn images in the
+    suffix of a pair but not of a row alone); the update equals grpo_update's in one process."""
+    from envs.visgym import VisGymMaze
+
+    env = VisGymMaze(variant="easy", mode=mode, parser="plan" if mode == "plan" else "tuple",
+                     max_turns=18 if mode == "plan" else 2)
+    local = make_policy()
+    perturb_lora(local.model, seed=12)
+    save_adapter(local.model, tmp_path / "init", version=0)
+    cluster.load_adapter(tmp_path / "init")
+    cluster.set_optimizer_state({})
+    trajs = rollout(env, local, make_engine(local), [51, 52, 53], 2, SAMPLING, 0)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.8, -0.8])
+    # ordered by group and split 3/3: rank 0 runs [51, 51] and [52], rank 1 [52, 53] and [53]
+    algo = AlgorithmConfig(micro_batch_size=2, max_grad_norm=1e9, kl_coef=0.05, shared_prefix=True)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    m_dist = cluster.update(trajs, adv, algo, 1.0, torch.Generator().manual_seed(1), LR, version=30)
+    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    for key in ("policy/loss", "policy/pg_loss", "policy/kl", "policy/grad_norm", "policy/entropy", "policy/approx_kl"):
+        assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
+    if mode == "plan":
+        assert m_dist["policy/shared_prefix_fraction"] == 1.0
+    else:
+        assert all(len(t.image_inputs) == 2 for t in trajs)  # every episode ran both turns
+        assert m_dist["policy/shared_prefix_fraction"] == 0.5  # the first micro-batches disagree, the second share

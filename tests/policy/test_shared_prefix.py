@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from rlkit.policy import SamplingParams, make_engine
-from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix, shared_prefix_clusters
+from rlkit.policy.logprobs import (
+    compute_logprobs,
+    compute_logprobs_shared_prefix,
+    forward_images,
+    shared_prefix_clusters,
+)
 from rlkit.rollout import rollout
 
 from .conftest import perturb_lora
@@ -40,10 +45,10 @@ def _grads(policy, lp, ent):
     return torch.autograd.grad(((lp + 0.3 * ent) * w).sum(), params)
 
 
-def _assert_same(policy, trajs, temperature=1.0):
+def _assert_same(policy, trajs, temperature=1.0, **kwargs):
     lp_a, ent_a = compute_logprobs(policy.model, trajs, temperature, policy.banned_token_ids)
     g_a = _grads(policy, lp_a, ent_a)
-    lp_b, ent_b = compute_logprobs_shared_prefix(policy.model, trajs, temperature, policy.banned_token_ids)
+    lp_b, ent_b = compute_logprobs_shared_prefix(policy.model, trajs, temperature, policy.banned_token_ids, **kwargs)
     g_b = _grads(policy, lp_b, ent_b)
     assert lp_a.shape == lp_b.shape and ent_a.shape == ent_b.shape
     assert torch.allclose(lp_a, lp_b, atol=2e-5, rtol=0), float((lp_a - lp_b).abs().max())
@@ -153,3 +158,33 @@ def test_trajectory_images_are_not_copied_for_the_prefix_search(make_policy):
     assert lean.pixel_values is None and full.pixel_values is not None
     assert torch.equal(full.position_ids, lean.position_ids) and torch.equal(full.input_ids, lean.input_ids)
     assert torch.equal(full.image_grid_thw, lean.image_grid_thw)
+
+
+def test_uniform_forwards_run_two_model_calls_whatever_the_batch_holds(make_policy):
+    """uniform_forwards (FSDP ranks): a row without a group partner is a cluster of one, so the model is
+    called exactly twice (prefix, suffix) for any batch, and the result still equals the full forward."""
+    policy = make_policy()
+    perturb_lora(policy.model, seed=2, scale=0.2)
+    trajs = rollout(_env("interactive", 2), policy, make_engine(policy), seeds=[11, 12], group_size=3,
+                    sampling=SAMPLE, policy_version=0)
+    image_id = policy.hf_model.config.image_token_id
+    mixed = _ragged([trajs[0], trajs[1], trajs[3]])  # a group of 2 and a row alone
+    clusters = shared_prefix_clusters(mixed, image_id, min_rows=1)
+    assert [c.rows for c in clusters] == [[0, 1], [2]]
+    assert clusters[1].prefix_len == len(mixed[2].input_ids) - 1 and clusters[1].num_prefix_images == 2
+    assert [c.rows for c in shared_prefix_clusters(mixed, image_id)] == [[0, 1]]  # min_rows=2: the row runs plain
+    # the pair's second-turn images are in its suffix; the row alone keeps both in its prefix
+    assert forward_images(mixed, image_id) == (True, True)
+    assert forward_images([mixed[2]], image_id) == (True, False)
+    calls = []
+    hook = policy.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        for batch in (mixed, [mixed[2]], mixed[:2]):
+            calls.clear()
+            _assert_same(policy, batch, temperature=0.9, uniform_forwards=True)
+            assert len(calls) == 2 + 1, len(calls)  # 2 shared-prefix calls + _assert_same's full forward
+            calls.clear()
+            compute_logprobs_shared_prefix(policy.model, batch, 0.9, policy.banned_token_ids)
+            assert len(calls) == (3 if batch is mixed else 1 if len(batch) == 1 else 2)  # plain rows add a call
+    finally:
+        hook.remove()
