@@ -175,9 +175,7 @@ def sharded_grpo_update(
             collectives would not match).
     """
     from rlkit.distributed.fsdp import clip_grad_norm
-    from rlkit.update import grad_clip_limit
-
-    from rlkit.update import use_shared_prefix
+    from rlkit.update import grad_clip_limit, use_shared_prefix
 
     token_level = cfg.loss_reduction == "token_mean"
     micro = max(cfg.micro_batch_size, 1)
