@@ -30,10 +30,9 @@ from envs.visgym.maze import VARIANT_SIZES, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
-from envs.visgym.upstream import UpstreamMazeEnv, require_upstream
+from envs.visgym.upstream import UPSTREAM_VARIANTS, UpstreamMazeEnv, require_upstream
 
 IMPLS = ("native", "upstream")
-UPSTREAM_VARIANTS = ("easy", "hard")
 
 
 @dataclass(frozen=True)
