@@ -37,6 +37,21 @@ def _flags_first(argv: list[str]) -> list[str]:
     return flags + [a for a in argv if a not in flags]
 
 
+def _refuse_unknown_keys(argv: list[str]) -> None:
+    """Exit with rlkit's message for a mistyped key (rlkit.run.unknown_override_keys), before Hydra's,
+    which suggests a '+' that would only be refused later."""
+    from pathlib import Path
+
+    from rlkit.run import unknown_override_keys
+
+    unknown = unknown_override_keys(argv, Path(__file__).resolve().parent / "conf")
+    if unknown:
+        print(f"[rlkit] config error: unknown config key(s): {', '.join(unknown)}. Check the spelling against "
+              "`python train.py --cfg job` (schema: rlkit/config.py)", file=sys.stderr)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     sys.argv = [sys.argv[0], *_flags_first(sys.argv[1:])]
+    _refuse_unknown_keys(sys.argv[1:])
     main()

@@ -96,6 +96,59 @@ def check_top_level_keys(cfg: DictConfig) -> None:
         )
 
 
+def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
+    """The command-line overrides that set (without a '+') a key the typed schema does not have.
+
+    Hydra refuses those itself, but its message ("Could not override 'algorithm.demo_cof'. To
+    append to your config use +algorithm.demo_cof=...") recommends the '+' that
+    check_top_level_keys then refuses; train.py checks first and names the closest real key.
+    Only the schema's dataclass part is checked: the top level (a name that is neither a field
+    nor a config group under ``conf_dir``) and the typed groups (algorithm, rollout, trainer, sft,
+    grounding, eval, paths). Keys inside env, policy, backend, ... and Hydra's own are left to Hydra.
+
+    Args: args: sys.argv[1:] (flags and non-override words are skipped). conf_dir: the config folder.
+    Returns: one "key (did you mean ...?)" entry per unknown key, in order.
+    """
+    import difflib
+    from dataclasses import fields, is_dataclass
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    from rlkit.config import TrainConfig
+
+    groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} | {"hydra"}
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - a malformed override: Hydra's own message says what is wrong
+        return []
+    out = []
+    for o in overrides:
+        if o.type != OverrideType.CHANGE or o.package is not None:
+            continue
+        parts = o.key_or_group.split(".")
+        if parts[0].split("/")[0] in groups and (len(parts) == 1 or parts[0] not in {f.name for f in fields(TrainConfig)}):
+            continue  # a group choice (`env=visgym`, `hydra/launcher=...`) or a key inside an untyped group
+        cls: Any = TrainConfig
+        for depth, part in enumerate(parts):
+            known = {f.name: f for f in fields(cls)}
+            if part not in known:
+                prefix = ".".join(parts[:depth] + [""])
+                names = [prefix + k for k in known]
+                if depth == 0:  # a group's key typed without its group: `demo_coef=0.3`
+                    names += [f"{k}.{g.name}" for k, f in known.items() if callable(f.default_factory)
+                              and is_dataclass(f.default_factory()) for g in fields(f.default_factory())]
+                close = (difflib.get_close_matches(prefix + part, names, n=1)
+                         or [n for n in names if n.endswith("." + part)][:1])
+                out.append(o.key_or_group + (f" (did you mean {close[0]}?)" if close else ""))
+                break
+            default = known[part].default_factory() if callable(known[part].default_factory) else None
+            if not is_dataclass(default):
+                break
+            cls = type(default)
+    return out
+
+
 #: Written into a job's output folder when the job raises: the error and its traceback. The sweep
 #: summary (rlkit.sweep) shows its first line as the job's status.
 ERROR_FILE = "error.txt"

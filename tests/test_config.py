@@ -1,5 +1,7 @@
 """Every option of every config group composes; typos and unknown options fail at compose time."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,27 @@ def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_lo
     assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.algorithm.lr_schedule == "cosine"
     assert cfg.algorithm.dynamic_sampling_max_rounds == 3 and cfg.policy.lora.include_vision is True
     assert _compose([]).algorithm.demo_coef == 0.0  # the default job does not use it
+
+
+def test_a_mistyped_key_is_named_with_the_closest_real_one():
+    from rlkit.run import unknown_override_keys
+
+    conf = CONF
+    argv = ["-m", "algorithm.demo_cof=0.3", "demo_coef=0.3", "trainer.eval_intervall=3", "sted=3", "zzzz=1",
+            # all real: group choices, keys inside untyped groups, Hydra's own, '+' additions (checked later), sweeps
+            "env=visgym", "experiment=long_demo", "env.variant=easy", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
+            "+algorithm.extra=1", "lr=1e-5,3e-5", "algorithm.demo_coef=0.3", "grounding.curriculum=[[walls]]",
+            "image_grid@policy.tiny=tiny_vl_visgym_small", "--cfg", "job"]
+    assert unknown_override_keys(argv, conf) == [
+        "algorithm.demo_cof (did you mean algorithm.demo_coef?)",
+        "demo_coef (did you mean algorithm.demo_coef?)",  # a group's key without its group
+        "trainer.eval_intervall (did you mean trainer.eval_interval?)",
+        "sted (did you mean seed?)",
+        "zzzz",
+    ]
+    proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "algorithm.demo_cof=0.3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "[rlkit] config error: unknown config key(s): algorithm.demo_cof (did you mean algorithm.demo_coef?)" \
+        in proc.stderr, proc.stderr
+    assert "+algorithm.demo_cof" not in proc.stderr  # not Hydra's advice to append the typo
