@@ -1,4 +1,4 @@
-"""Headline benchmark: the default main job from its SFT warm start to >= 95% greedy success.
+"""Headline benchmark: greedy success of the main job over GRPO steps, for several seeds, against the target.
 
 Runs ``train.py`` (the default config unless overrides are given) once per seed in a subprocess,
 then reads each run's metrics.jsonl and prints the evaluation curve: greedy success on the fixed
@@ -14,6 +14,11 @@ image, rlkit/controls.py) from the same warm start, plotted dashed beside it, an
 ``control fixed_image: warm start X% -> Z% after N steps (seed S)``: a rise that the control
 shows too is the answer prior being learned, not the mazes being read. ``--control none`` skips it;
 ``--control-seeds 0`` runs it beside seed 0 only.
+
+The seeds run one after another. To use more cores, start the runs yourself, one per core
+(``OMP_NUM_THREADS=1 taskset -c N .venv/bin/python train.py seed=S logger=console <overrides>
+hydra.run.dir=<out>/seed<S>``, and ``control=fixed_image`` into ``<out>/seed<S>_fixed_image``), then
+collect them with ``--reuse`` (the README's numbers were made so).
 
 Not a test: timings depend on the machine and its load.
 """
@@ -47,9 +52,12 @@ def curve(run_dir: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", default="runs/headline")
-    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run (default: 0 1 2)")
+    ap.add_argument("--out", default="runs/headline",
+                    help="folder for the runs (seed<S>/, seed<S>_<control>/), headline.json and headline.png "
+                         "(default: runs/headline)")
+    ap.add_argument("--target", type=float, default=0.95,
+                    help="success rate whose first evaluation at or above it is reported (default: 0.95)")
     ap.add_argument("--control", default="fixed_image", choices=["fixed_image", "shuffled_reward", "none"],
                     help="the control run beside each seed (rlkit/controls.py); none = no control")
     ap.add_argument("--control-seeds", type=int, nargs="+", default=None,
