@@ -266,8 +266,8 @@ class WandbLogger:
             self._run.log(_plain(rows[s]), step=s)
         report["relogged"] = relog
         if relog:
-            log.info("W&B run %s: logged step(s) %s again from metrics.jsonl (lost in the crash or re-done after "
-                     "the checkpoint of step %d)", self.run_id, _ranges(relog), resume_step)
+            log.info("W&B run %s: logged step(s) %s again from metrics.jsonl (missing from the earlier W&B run "
+                     "files, or re-done after the checkpoint of step %d)", self.run_id, _ranges(relog), resume_step)
         return report
 
     def _segments(self) -> list[Path]:

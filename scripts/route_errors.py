@@ -71,7 +71,8 @@ def main() -> None:
     path = Path(args.path)
     if not path.exists():
         sys.exit(f"route_errors: {path} does not exist; give a run folder (with eval/*.json) or one eval json")
-    files = sorted((path / "eval").glob("*.json")) if path.is_dir() else [path]
+    # step_000000.json, step_000010.json, ..., final.json last
+    files = sorted((path / "eval").glob("*.json"), key=lambda f: (f.stem == "final", f.stem)) if path.is_dir() else [path]
     if not files:
         sys.exit(f"route_errors: no eval/*.json under {path}; give a run folder or an eval json")
     run_dir = path if path.is_dir() else path.parent.parent
@@ -85,12 +86,12 @@ def main() -> None:
               f"pass --variant small for a 7x7 run", file=sys.stderr)
     variant, parser_name = args.variant or variant, args.parser or parser_name
     cols = [*ERROR_KINDS, "unparsed"]
-    print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  mean error at move  detours failed")
+    print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  right moves before the error (mean)  detours failed")
     for f in files:
         s = summarize(json.loads(f.read_text()), variant, parser_name)
         pos = "-" if s["mean_error_position"] is None else f"{s['mean_error_position']:.1f}"
         print(f"{f.name:<22} {s['failed']:>4}/{s['tasks']:<4} "
-              + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos:>18}  {s['detours_failed']}/{s['detours']}")
+              + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos:>35}  {s['detours_failed']}/{s['detours']}")
 
 
 if __name__ == "__main__":
