@@ -44,6 +44,21 @@ GYM_IDS: dict[str, str] = {
 }
 
 
+def action_index(action) -> int | None:
+    """``action`` as a ``Discrete(5)`` index (0-3 move, 4 stop), or None when it is not one (a
+    non-integer, a float with a fraction, out of range): such an action does nothing."""
+    try:
+        a = int(action)
+        return a if a == action and 0 <= a < N_ACTIONS else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def invalid_action_feedback(action) -> str:
+    """The feedback text of an action ``action_index`` refuses."""
+    return f"Invalid action {action!r}: expected 0-3 (move) or 4 (stop)."
+
+
 class MazeEnv(gym.Env):
     """VisGym maze_2d as a gymnasium env with image observations and ``Discrete(5)`` actions.
 
@@ -117,13 +132,9 @@ class MazeEnv(gym.Env):
         if self.maze_map is None:
             raise RuntimeError("MazeEnv.step() called before reset()")
         reward, terminated = 0.0, False
-        try:
-            a = int(action)
-            valid = a == action and 0 <= a < N_ACTIONS
-        except (TypeError, ValueError, OverflowError):
-            valid = False
-        if not valid:
-            feedback = f"Invalid action {action!r}: expected 0-3 (move) or 4 (stop)."
+        a = action_index(action)
+        if a is None:
+            feedback = invalid_action_feedback(action)
         elif a == STOP:
             terminated = True
             if self.agent == self.goal:

@@ -46,7 +46,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.visgym.gym_env import N_ACTIONS, STOP
+from envs.visgym.gym_env import N_ACTIONS, STOP, action_index, invalid_action_feedback
 from envs.visgym.maze import MOVE_NAMES, VARIANT_SIZES, distance_map, step_position
 
 #: Python package VisGym ships as: a fork of gymnasium; importing it registers the maze_2d ids.
@@ -146,15 +146,9 @@ class UpstreamMazeEnv(gym.Env):
     def step(self, action):
         if self.maze_map is None:
             raise RuntimeError("UpstreamMazeEnv.step() called before reset()")
-        try:
-            a = int(action)
-            valid = a == action and 0 <= a < N_ACTIONS
-        except (TypeError, ValueError, OverflowError):
-            valid = False
-        if not valid:
-            return self._obs, 0.0, False, False, self._info(
-                f"Invalid action {action!r}: expected 0-3 (move) or 4 (stop)."
-            )
+        a = action_index(action)
+        if a is None:
+            return self._obs, 0.0, False, False, self._info(invalid_action_feedback(action))
         before = self.agent
         upstream_action = "('stop', 'stop')" if a == STOP else f"('move', {a})"
         obs, reward, terminated, truncated, info = self._env.step(upstream_action)
