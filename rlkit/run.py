@@ -61,6 +61,14 @@ def to_dataclass(node: DictConfig, cls: type) -> Any:
     return obj
 
 
+def _typed_group(f: Any) -> type | None:
+    """The dataclass a schema field holds (AlgorithmConfig for ``algorithm``...), or None."""
+    from dataclasses import is_dataclass
+
+    default = f.default_factory() if callable(f.default_factory) else None
+    return type(default) if is_dataclass(default) else None
+
+
 def check_top_level_keys(cfg: DictConfig) -> None:
     """Refuse keys the typed schema does not know, at the top level and inside the typed groups
     (algorithm, rollout, trainer, sft, eval, paths): ``+typo=1`` / ``+algorithm.typo=1`` pass
@@ -69,7 +77,7 @@ def check_top_level_keys(cfg: DictConfig) -> None:
     Raises: ConfigError listing the unknown keys.
     """
     import difflib
-    from dataclasses import fields, is_dataclass
+    from dataclasses import fields
 
     from rlkit.config import TrainConfig
 
@@ -83,9 +91,9 @@ def check_top_level_keys(cfg: DictConfig) -> None:
                 close = difflib.get_close_matches(str(k), list(known), n=1)
                 out.append(prefix + str(k) + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
             else:
-                default = known[k].default_factory() if callable(known[k].default_factory) else None
-                if is_dataclass(default) and OmegaConf.is_dict(node[k]):
-                    out += unknown_in(node[k], type(default), f"{prefix}{k}.")
+                group = _typed_group(known[k])
+                if group is not None and OmegaConf.is_dict(node[k]):
+                    out += unknown_in(node[k], group, f"{prefix}{k}.")
         return out
 
     unknown = unknown_in(cfg, TrainConfig, "")
@@ -110,7 +118,7 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
     Returns: one "key (did you mean ...?)" entry per unknown key, in order.
     """
     import difflib
-    from dataclasses import fields, is_dataclass
+    from dataclasses import fields
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
@@ -118,6 +126,7 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
     from rlkit.config import TrainConfig
 
     groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} | {"hydra"}
+    top = {f.name for f in fields(TrainConfig)}
     try:
         overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
     except Exception:  # noqa: BLE001 - a malformed override: Hydra's own message says what is wrong
@@ -127,7 +136,7 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
         if o.type != OverrideType.CHANGE or o.package is not None:
             continue
         parts = o.key_or_group.split(".")
-        if parts[0].split("/")[0] in groups and (len(parts) == 1 or parts[0] not in {f.name for f in fields(TrainConfig)}):
+        if parts[0].split("/")[0] in groups and (len(parts) == 1 or parts[0] not in top):
             continue  # a group choice (`env=visgym`, `hydra/launcher=...`) or a key inside an untyped group
         cls: Any = TrainConfig
         for depth, part in enumerate(parts):
@@ -136,16 +145,14 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
                 prefix = ".".join(parts[:depth] + [""])
                 names = [prefix + k for k in known]
                 if depth == 0:  # a group's key typed without its group: `demo_coef=0.3`
-                    names += [f"{k}.{g.name}" for k, f in known.items() if callable(f.default_factory)
-                              and is_dataclass(f.default_factory()) for g in fields(f.default_factory())]
+                    names += [f"{k}.{g.name}" for k, f in known.items() if _typed_group(f) for g in fields(_typed_group(f))]
                 close = (difflib.get_close_matches(prefix + part, names, n=1)
                          or [n for n in names if n.endswith("." + part)][:1])
                 out.append(o.key_or_group + (f" (did you mean {close[0]}?)" if close else ""))
                 break
-            default = known[part].default_factory() if callable(known[part].default_factory) else None
-            if not is_dataclass(default):
+            cls = _typed_group(known[part])
+            if cls is None:
                 break
-            cls = type(default)
     return out
 
 

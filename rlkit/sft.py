@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from omegaconf import OmegaConf
@@ -124,6 +124,12 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     if not record.success:
         return None
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
+
+
+def demonstration_trajectories(env_spec: EnvSpec, policy: Any, seeds: Iterable[int]) -> list[Trajectory]:
+    """``demonstration_trajectory`` of each seed, in order, leaving out the seeds whose demonstration
+    does not solve the task within the env's budget (so the list may be shorter than ``seeds``)."""
+    return [d for d in (demonstration_trajectory(env_spec, policy, s) for s in seeds) if d is not None]
 
 
 def batch_shares_prefix(policy: Any) -> bool:
@@ -229,7 +235,7 @@ def train_sft(
         for _ in range(100):  # a few draws are skipped (shortest path longer than the budget)
             seeds = sampler.sample(n - len(out))
             num_drawn += len(seeds)
-            out += [d for d in (demonstration_trajectory(env_spec, policy, s) for s in seeds) if d is not None]
+            out += demonstration_trajectories(env_spec, policy, seeds)
             if len(out) >= n:
                 return out
         raise RuntimeError(
@@ -244,7 +250,7 @@ def train_sft(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     val_success, step, history = 0.0, 0, []
-    val_demos = [d for d in (demonstration_trajectory(env_spec, policy, s) for s in val_seeds) if d is not None]
+    val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
     order: list[int] = []
     share = batch_shares_prefix(policy)
     while step < cfg.max_steps:

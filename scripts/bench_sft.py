@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlkit.policy import load_policy  # noqa: E402
-from rlkit.sft import demonstration_trajectory  # noqa: E402
+from rlkit.sft import demonstration_trajectories  # noqa: E402
 
 VARIANTS = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
 
@@ -73,8 +73,7 @@ def main() -> None:
     runs = {}
     for dtype, shared in VARIANTS:
         policy, opt = build(dtype, args.cache_dir)
-        demos = [d for d in (demonstration_trajectory(spec, policy, s) for s in range(1000, 1000 + 2 * args.batch))
-                 if d is not None][: args.batch]
+        demos = demonstration_trajectories(spec, policy, range(1000, 1000 + 2 * args.batch))[: args.batch]
         runs[(dtype, shared)] = {"policy": policy, "opt": opt, "demos": demos, "times": [], "loss": None}
     tokens = sum(len(d.input_ids) for d in next(iter(runs.values()))["demos"])
     print(f"workload: {args.batch} demonstrations, {tokens} tokens, {args.threads} thread(s)")

@@ -474,9 +474,9 @@ class NativeRun:
     def _demonstration_trajectories(self, seeds: list[int]) -> list[Any]:
         """Hook: rlkit.sft.demonstration_trajectory for each seed, in order, the unsolved ones left out
         (built in this process; backend=native_ray builds them on its rollout workers)."""
-        from rlkit.sft import demonstration_trajectory
+        from rlkit.sft import demonstration_trajectories
 
-        return [d for d in (demonstration_trajectory(self.env_spec, self.policy, s) for s in seeds) if d is not None]
+        return demonstration_trajectories(self.env_spec, self.policy, seeds)
 
     def _dynamic_sampling(self, step: int, sampling: Any, trajs: list[Any], rewards_out: list[Any],
                           timing: dict[str, float]) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float]]:

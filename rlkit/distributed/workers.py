@@ -273,9 +273,9 @@ class RolloutWorker:
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """rlkit.sft.demonstration_trajectory for each seed (the adapter plays no part), in order; a
         seed whose demonstration does not solve its task is left out."""
-        from rlkit.sft import demonstration_trajectory
+        from rlkit.sft import demonstration_trajectories
 
-        return [d for d in (demonstration_trajectory(self.env_spec, self.policy, s) for s in seeds) if d is not None]
+        return demonstration_trajectories(self.env_spec, self.policy, seeds)
 
     def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any], dict[str, Any]]:
         """Load ``version``, then rlkit.evaluation.evaluate on ``seeds``.
