@@ -35,7 +35,7 @@ MODES = ("interactive", "plan")
 #: VisGym maze_2d). ``fail``: the episode ends there, unsuccessful. In plan mode ``stay`` makes a bump
 #: free (no turn is lost, no feedback is read), so a plan can pad a route with moves that only help when
 #: they hit a wall: measured on 7x7, 300 GRPO steps took greedy success 45.3% -> 71.9% while plans that
-#: reach the goal without a bump fell from 29 to 18 of 64 (README). ``fail`` makes success mean a route.
+#: reach the goal without a bump fell from 29 to 18 of 64 (docs/experiments.md). ``fail`` makes success mean a route.
 WALL_MOVES = ("stay", "fail")
 
 #: Parsers allowed per mode.

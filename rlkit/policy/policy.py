@@ -134,7 +134,7 @@ class PolicyConfig:
         """"auto" -> bfloat16 on CUDA, float32 elsewhere. bfloat16 on a CPU without native bf16
         matmuls (oneDNN's check: AVX512-BF16 or AMX) is allowed but logged as slow: there it is
         emulated, while a CPU with avx512_bf16 runs the tiny policy's warm-start step 1.6x faster than
-        float32 (scripts/bench_sft.py; README, Speed)."""
+        float32 (scripts/bench_sft.py; docs/speed.md)."""
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         if self.dtype == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
