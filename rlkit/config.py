@@ -39,6 +39,15 @@ class AlgorithmConfig:
     # each) until tasks_per_step groups with differing rewards are found; the update trains on those
     # groups only. 0 = off. Reward/env metrics stay over everything sampled.
     dynamic_sampling_max_rounds: int = 0
+    # SPEED screening (Zhang et al. 2025, "SPEED-RL", two-phase sampling): each sampling round first draws
+    # tasks_per_step x group_size / screening_samples tasks and samples screening_samples episodes of each
+    # (the budget of a plain round); only tasks whose screening rewards differ get the group_size -
+    # screening_samples continuation samples that complete their group (the screening samples stay in it).
+    # Tasks whose screening samples all agree are not trained on: all solved = too easy to teach anything,
+    # none solved = demonstrated instead when demo_coef > 0. Rounds continue as dynamic sampling's
+    # (at most dynamic_sampling_max_rounds more) until tasks_per_step groups are kept. 0 = off;
+    # else 2 <= screening_samples < group_size. Native backends only.
+    screening_samples: int = 0
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28  # DAPO clip-higher
     clip_ratio_c: Optional[float] = None  # dual clip; None = off
@@ -287,6 +296,7 @@ RANGES: dict[str, Range] = {
                          note="null = a fresh training task for every draw; N = a fixed pool of N training tasks"),
     "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
     "algorithm.dynamic_sampling_max_rounds": Range(0, integer=True, note="0 = off"),
+    "algorithm.screening_samples": Range(0, integer=True, note="0 = off; else 2..group_size-1"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
     "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
     "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),

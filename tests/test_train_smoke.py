@@ -109,6 +109,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.update_epochs=0", "algorithm.update_epochs=0 must be an integer >= 1"),
     ("algorithm.demo_coef=-0.1", "algorithm.demo_coef=-0.1 must be >= 0"),
     ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
+    ("algorithm.screening_samples=2", "screening needs 2 <= screening_samples < group_size=2"),  # smoke: G=2
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -152,6 +153,26 @@ def test_demo_loss_runs_end_to_end(tmp_path):
         if ln["demo/tasks"]:
             assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
     assert sum(ln["demo/tasks"] for ln in steps) >= 1
+
+
+def test_screening_runs_end_to_end_and_demonstrates_the_tasks_it_screened_out(tmp_path):
+    # the 2-step warm start solves nothing: each step screens ceil(2 x 4 / 2) = 4 tasks with 2 samples,
+    # none differs, so nothing is continued and the update runs on the 4 unsolved tasks' demonstrations
+    out = tmp_path / "run"
+    proc = _run(["experiment=smoke", "group_size=4", "algorithm.screening_samples=2", "algorithm.demo_coef=0.5",
+                 "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
+    assert "degrees of freedom" not in proc.stderr  # no advantages computed over an empty batch
+    steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [ln for ln in steps if "reward/mean" in ln]
+    assert len(steps) == 2
+    for ln in steps:
+        assert ln["screening/tasks"] == 4 and ln["dynamic/rounds"] == 1
+        # the screened tasks whose 2 samples agree and are not both solved: both failed
+        unsolved = round(4 * ln["reward/zero_variance_groups"]) - round(4 * ln["screening/solved"])
+        assert ln["demo/tasks"] == unsolved
+        if ln["screening/continued"] == 0:
+            assert "policy/pg_loss" not in ln  # no GRPO sequence: the step ran on the demonstrations alone
+            assert ln["demo/nll"] > 0 and ln["policy/optimizer_steps"] == 1
 
 
 def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):

@@ -185,6 +185,12 @@ class NativeRun:
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
             problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
                             "other processes); use backend=native, or control=shuffled_reward here")
+        k = self.algo.screening_samples
+        if k == 1 or k >= max(cfg.group_size, 2):
+            problems.append(f"algorithm.screening_samples={k}: screening needs 2 <= screening_samples < group_size="
+                            f"{cfg.group_size} (one sample cannot show rewards that differ, and the screening samples "
+                            "are part of each kept group of group_size); use 0 (off)"
+                            + (f" or 2..{cfg.group_size - 1}" if cfg.group_size > 2 else " or group_size >= 3"))
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
@@ -379,12 +385,14 @@ class NativeRun:
         return evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds, self.greedy, policy_version=step,
                         pass_k=self.eval_cfg.pass_k, pass_k_sampling=replace(self.sampling, seed=self.cfg.seed + step))
 
-    def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
-        """Hook: this step's B*G trajectories (groups contiguous) and extra step metrics ({} here).
+    def _rollout(self, step: int, seeds: list[int], sampling: Any,
+                 group_size: int | None = None) -> tuple[list[Any], dict[str, float]]:
+        """Hook: ``group_size`` (default: the run's G) samples of each task in ``seeds``, groups
+        contiguous (B*G trajectories), and extra step metrics ({} here).
 
         Step ``step`` (1-based) samples with the adapter after ``step - 1`` updates: policy_version
         ``step - 1``, as backend=native_ray's published version (rlkit.rollout.Trajectory)."""
-        trajs = rollout(self.env_spec, self.policy, self.engine, seeds, self.cfg.group_size, sampling,
+        trajs = rollout(self.env_spec, self.policy, self.engine, seeds, group_size or self.cfg.group_size, sampling,
                         policy_version=step - 1)
         return trajs, {}
 
@@ -403,13 +411,15 @@ class NativeRun:
             self.scheduler.step()
         return update
 
-    def _sample_round(self, step: int, sampling: Any, timing: dict[str, float]) -> tuple[list[Any], list[Any], dict[str, float]]:
-        """One rollout of tasks_per_step new tasks x group_size: (trajectories, reward outputs, extra)."""
+    def _sample_round(self, step: int, sampling: Any, timing: dict[str, float], seeds: list[int] | None = None,
+                      group_size: int | None = None) -> tuple[list[Any], list[Any], dict[str, float]]:
+        """One rollout: (trajectories, reward outputs, extra) of ``group_size`` (default G) samples of each
+        task in ``seeds`` (default: tasks_per_step new training tasks)."""
         cfg = self.cfg
-        seeds = self.sampler.sample(cfg.tasks_per_step)
+        seeds = self.sampler.sample(cfg.tasks_per_step) if seeds is None else seeds
         t0 = time.time()
         with self.progress.phase("rollout", step, cfg.steps):
-            trajs, extra = self._rollout(step, seeds, sampling)
+            trajs, extra = self._rollout(step, seeds, sampling, group_size)
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
         t1 = time.time()
@@ -426,18 +436,25 @@ class NativeRun:
         t0 = time.time()
         # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
         sampling = replace(self.sampling, seed=cfg.seed * 1_000_003 + step)
-        trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing)
-        rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
-        sampled, sampled_rewards, dynamic = trajs, rewards, {}
-        if self.algo.dynamic_sampling_max_rounds > 0:
-            trajs, rewards, sampled, rewards_out, dynamic = self._dynamic_sampling(step, sampling, trajs, rewards_out, timing)
+        sampled_group = cfg.group_size  # the group size of `sampled`, what the reward/* and env/* metrics describe
+        if self.algo.screening_samples > 0:
+            trajs, rewards, sampled, rewards_out, rollout_extra, dynamic = self._screened_sampling(step, sampling, timing)
+            sampled_group = self.algo.screening_samples
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
+        else:
+            trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing)
+            rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
+            sampled, sampled_rewards, dynamic = trajs, rewards, {}
+            if self.algo.dynamic_sampling_max_rounds > 0:
+                trajs, rewards, sampled, rewards_out, dynamic = self._dynamic_sampling(step, sampling, trajs, rewards_out, timing)
+                sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         if cfg.get("control") == "shuffled_reward":  # the control: advantages that say nothing (rlkit/controls.py)
             from rlkit.controls import shuffle_rewards
 
             rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
-        advantages = group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
-        demos = self._demonstrations(sampled, timing) if self.algo.demo_coef > 0 else None
+        advantages = (group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
+                      if len(rewards) else torch.zeros(0))  # screening that kept no task
+        demos = self._demonstrations(sampled, timing, sampled_group) if self.algo.demo_coef > 0 else None
         t2 = time.time()
         with self.progress.phase("update", step, cfg.steps):
             update = self._update(step, trajs, advantages, demos)
@@ -446,7 +463,7 @@ class NativeRun:
             "reward/mean": float(sampled_rewards.mean()),
             "reward/std": float(sampled_rewards.std()) if len(sampled_rewards) > 1 else 0.0,
             "reward/success_rate": sum(t.episode.success for t in sampled) / len(sampled),
-            "reward/zero_variance_groups": float(zero_variance_groups(sampled_rewards, cfg.group_size).float().mean()),
+            "reward/zero_variance_groups": float(zero_variance_groups(sampled_rewards, sampled_group).float().mean()),
             **_component_means(rewards_out),
             **rollout_stats(sampled),
             **update,
@@ -457,15 +474,15 @@ class NativeRun:
         }
         return metrics
 
-    def _demonstrations(self, sampled: list[Any], timing: dict[str, float]) -> list[Any]:
+    def _demonstrations(self, sampled: list[Any], timing: dict[str, float], group_size: int) -> list[Any]:
         """The solver's demonstrations of this step's all-fail tasks (rlkit.update.all_fail_tasks over
-        every sampled group, at most algorithm.demo_max_tasks), for the demo_coef term; demo/tasks and
-        timing/demo into ``timing``. A task whose demonstration does not solve it within the env's
-        budget is left out."""
+        every sampled group of ``group_size``, at most algorithm.demo_max_tasks), for the demo_coef term;
+        demo/tasks and timing/demo into ``timing``. A task whose demonstration does not solve it within
+        the env's budget is left out."""
         from rlkit.update import all_fail_tasks
 
         t0 = time.time()
-        seeds = all_fail_tasks(sampled, self.cfg.group_size)[: self.algo.demo_max_tasks]
+        seeds = all_fail_tasks(sampled, group_size)[: self.algo.demo_max_tasks]
         demos = self._demonstration_trajectories(seeds) if seeds else []
         timing["demo/tasks"] = float(len(demos))
         timing["timing/demo"] = time.time() - t0
@@ -514,6 +531,59 @@ class NativeRun:
         kept = [all_trajs[k * g + j] for k in keep for j in range(g)]
         rewards = torch.tensor([all_out[k * g + j].total for k in keep for j in range(g)], dtype=torch.float32)
         return kept, rewards, all_trajs, all_out, metrics
+
+    def _screened_sampling(self, step: int, sampling: Any, timing: dict[str, float],
+                           ) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float], dict[str, float]]:
+        """SPEED's two-phase sampling (Zhang et al. 2025, "SPEED-RL: Faster Training of Reasoning Models via
+        Online Curriculum Learning", section 4) inside DAPO's dynamic-sampling rounds.
+
+        Each round draws C = ceil(tasks_per_step x G / k) new tasks (k = algorithm.screening_samples; the
+        sample budget of a plain round) and samples k episodes of each: the screening. Tasks whose k rewards
+        differ are informative whatever the rest of their group does; the first of them, up to the number
+        still missing, get G - k more samples (the continuation, a separate sampling seed), and their
+        screening samples complete the group. A task whose screening rewards agree is not continued. Rounds
+        repeat while fewer than tasks_per_step groups are kept, at most dynamic_sampling_max_rounds more.
+
+        Returns: (kept trajectories: whole groups of G, screening samples first, group ids distinct;
+        their rewards [N']; every screening trajectory and its reward output (groups of k: an unfiltered
+        sample of the task distribution, for the reward/*, env/* and demo_coef's all-fail tasks); the
+        rollout hook's extra metrics; dynamic/* and screening/* metrics). No task kept: empty lists
+        (the update then runs on the demonstrations alone, or is skipped)."""
+        cfg, g, k = self.cfg, self.cfg.group_size, self.algo.screening_samples
+        n_screen = -(-cfg.tasks_per_step * g // k)
+        screened, screened_out, kept, kept_out, extra = [], [], [], [], {}
+        rounds = 0
+        while len(kept) // g < cfg.tasks_per_step and rounds <= self.algo.dynamic_sampling_max_rounds:
+            screen_sampling = replace(sampling, seed=sampling.seed + 7919 * rounds)
+            trajs, outs, round_extra = self._sample_round(step, screen_sampling, timing, self.sampler.sample(n_screen), k)
+            extra = extra or round_extra  # the first round's (backend=native_ray: its adapter load)
+            offset = len(screened) // k
+            for t in trajs:
+                t.group += offset
+            screened += trajs
+            screened_out += outs
+            rewards = torch.tensor([o.total for o in outs], dtype=torch.float32)
+            mixed = [i for i, z in enumerate(zero_variance_groups(rewards, k).tolist()) if not z]
+            mixed = mixed[: cfg.tasks_per_step - len(kept) // g]
+            rounds += 1
+            if not mixed:
+                continue
+            more, more_out, _ = self._sample_round(
+                step, replace(sampling, seed=sampling.seed + 7919 * rounds + 104_729), timing,
+                [trajs[i * k].episode.seed for i in mixed], g - k)
+            for j, i in enumerate(mixed):
+                rest = more[j * (g - k) : (j + 1) * (g - k)]
+                for t in rest:
+                    t.group = trajs[i * k].group
+                kept += trajs[i * k : (i + 1) * k] + rest
+                kept_out += outs[i * k : (i + 1) * k] + more_out[j * (g - k) : (j + 1) * (g - k)]
+        n_tasks = len(screened) // k
+        solved = sum(all(t.episode.success for t in screened[i * k : (i + 1) * k]) for i in range(n_tasks))
+        metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(kept) // g),
+                   "dynamic/sampled_groups": float(n_tasks), "screening/tasks": float(n_tasks),
+                   "screening/solved": solved / n_tasks, "screening/continued": len(kept) // g / n_tasks}
+        rewards = torch.tensor([o.total for o in kept_out], dtype=torch.float32)
+        return kept, rewards, screened, screened_out, extra, metrics
 
     def execute(self) -> dict:
         cfg = self.cfg

@@ -172,8 +172,9 @@ class RayNativeRun(NativeRun):
         self.optimizer.state = defaultdict(dict)
 
     # ---------------------------------------------------------------- steps
-    def _rollout(self, step: int, seeds: list[int], sampling: Any) -> tuple[list[Any], dict[str, float]]:
-        return self.cluster.rollout(seeds, self.cfg.group_size, sampling, version=step - 1)
+    def _rollout(self, step: int, seeds: list[int], sampling: Any,
+                 group_size: int | None = None) -> tuple[list[Any], dict[str, float]]:
+        return self.cluster.rollout(seeds, group_size or self.cfg.group_size, sampling, version=step - 1)
 
     def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
                 demonstrations: list[Any] | None = None) -> dict[str, float]:

@@ -23,10 +23,10 @@ def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3):
     run.progress = SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext())
     run.rollout_seeds = []
 
-    def rollout(step, seeds, sampling):
+    def rollout(step, seeds, sampling, n=None):
         run.rollout_seeds.append((list(seeds), sampling.seed))
         trajs = [SimpleNamespace(group=g, sample=j, episode=SimpleNamespace(seed=s))
-                 for g, s in enumerate(seeds) for j in range(group_size)]
+                 for g, s in enumerate(seeds) for j in range(n or group_size)]
         return trajs, {}
 
     run._rollout = rollout

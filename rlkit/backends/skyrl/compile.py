@@ -389,6 +389,11 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             "only in the native backends; set it to 0 (SkyRL has its own, trainer.algorithm.dynamic_sampling, "
             "which rlkit does not map)"
         )
+    if algo.screening_samples:
+        problems.append(
+            f"algorithm.screening_samples={algo.screening_samples}: rlkit's screening runs only in the native "
+            "backends; set it to 0"
+        )
     if algo.adv_eps != SKYRL_GRPO_EPS:
         problems.append(
             f"algorithm.adv_eps={algo.adv_eps}: SkyRL's GRPO uses a fixed epsilon of {SKYRL_GRPO_EPS}; set it to {SKYRL_GRPO_EPS}"
