@@ -89,7 +89,7 @@ class Progress:
             f"step {step}/{total}",
             f"reward {m.get('reward/mean', 0):.3f}",
             f"success {m.get('reward/success_rate', 0):.1%}",
-            f"loss {m.get('policy/loss', 0):+.4f}",
+            f"loss {m['policy/loss']:+.4f}" if "policy/loss" in m else "loss -",  # none: skipped or demonstrations only
             f"kl {m.get('policy/approx_kl', 0):.4f}",
             f"clip {m.get('policy/clip_ratio', 0):.3f}",
             f"tokens {m.get('generate/mean_tokens', 0):.0f}",
@@ -97,6 +97,10 @@ class Progress:
             f"update {m.get('timing/train', 0):.1f}s)",
             f"ETA {_fmt(eta)}",
         ]
+        if "screening/tasks" in m:  # algorithm.screening_samples: kept groups / screened tasks
+            parts.insert(3, f"screened {m.get('dynamic/informative_groups', 0):.0f}/{m['screening/tasks']:.0f}")
+        if "demo/tasks" in m:
+            parts.insert(4 if "screening/tasks" in m else 3, f"demos {m['demo/tasks']:.0f}")
         if "eval/success_rate" in m:
             parts.append(f"EVAL {m['eval/success_rate']:.1%}")
         self._print("[rlkit] " + " | ".join(parts))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs rlkit and everything its tests need into .venv, from nothing but Python 3.11.
-# torch is pinned to the CPU wheel 2.13.0 first so no dependency pulls a CUDA build.
+# torch==2.13.0 is installed first (here the local index serves the CPU wheel; on PyPI it is the CUDA
+# build) so no dependency pulls another torch.
 # Never installs torchvision/torchaudio/torchcodec: they break transformers' Qwen-VL import here.
 set -euo pipefail
 cd "$(dirname "$0")/.."

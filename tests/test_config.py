@@ -100,7 +100,7 @@ def test_recipe_turns_grounding_on_only_for_the_tiny_policy_on_7x7():
 
 
 def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
-    # conf/recipe/tiny_vl_visgym_small.yaml: measured on 7x7 only (README, Headline); elsewhere train.yaml's values
+    # conf/recipe/tiny_vl_visgym_small.yaml: measured on 7x7 only (docs/experiments.md); elsewhere train.yaml's values
     default = _compose([])
     assert (default.steps, default.algorithm.lr_schedule) == (300, "cosine")
     assert (default.algorithm.dynamic_sampling_max_rounds, default.algorithm.filter_zero_variance_groups) == (3, True)
