@@ -19,6 +19,10 @@ weights and the variants see the same kind of episodes). Variants, in alternatin
 The first --warmup rounds are not timed; medians over --reps rounds. Per-turn rollout times are the
 engine calls of each turn (all episodes of the step together). One torch thread unless --threads.
 
+Then the floor of that ratio under this workload: T turns decode T times what the plan turn decodes, and the
+update computes (its token positions / the plan update's) times the plan update's work (each group's
+common prefix counted once, as the shared-prefix update runs it):
+``floor: T x plan rollout + U x plan update (...) = F s = Fx plan``.
 Last line: ``multi-turn: T-turn step X s vs plan Y s = Rx (re-prefill: X' s = R'x)``.
 """
 
@@ -66,6 +70,20 @@ class TimedEngine:
         return self._timed(self.engine.generate_cached, prompts, sampling, states)
 
 
+def update_tokens(trajs, group: int) -> int:
+    """Token positions the shared-prefix update computes: each group's common token prefix once, every
+    member's own suffix (groups of ``group`` contiguous trajectories). A lower bound on its work: the
+    image check and the micro-batch cuts can only make it compute more."""
+    total = 0
+    for k in range(0, len(trajs), group):
+        ids = [t.input_ids for t in trajs[k : k + group]]
+        common = 0
+        while all(len(x) > common for x in ids) and len({x[common] for x in ids}) == 1:
+            common += 1
+        total += common + sum(len(x) - common for x in ids)
+    return total
+
+
 def grpo_step(policy, engine, env, seeds, group, sampling, algo, opt, reward, round_: int) -> dict:
     """One GRPO step; returns its timings (seconds) and per-turn engine calls."""
     timed = TimedEngine(engine)
@@ -81,6 +99,7 @@ def grpo_step(policy, engine, env, seeds, group, sampling, algo, opt, reward, ro
         "step": t2 - t0, "rollout": t1 - t0, "update": t2 - t1, "turns": timed.calls,
         "mean_turns": sum(len(t.episode.turns) for t in trajs) / len(trajs),
         "mean_len": sum(len(t.input_ids) for t in trajs) / len(trajs),
+        "update_tokens": update_tokens(trajs, group),
     }
 
 
@@ -136,7 +155,8 @@ def main() -> None:
               + ", ".join(f"{k} {results[k][-1]['step'] if r >= args.warmup else float('nan'):.2f} s" for k in names),
               flush=True)
 
-    med = {k: {f: statistics.median(x[f] for x in v) for f in ("step", "rollout", "update", "mean_turns", "mean_len")}
+    med = {k: {f: statistics.median(x[f] for x in v)
+               for f in ("step", "rollout", "update", "mean_turns", "mean_len", "update_tokens")}
            for k, v in results.items()}
     print(f"{'variant':<18} {'step s':>7} {'rollout s':>9} {'update s':>8} {'turns':>5} {'seq len':>7}  per-turn rollout s (prefilled+cached tokens)")
     for k, m in med.items():
@@ -148,6 +168,12 @@ def main() -> None:
     plan = med["plan"]["step"]
     for t in args.turns:
         cached = med[f"{t} turns cached"]["step"]
+        # what no engine can go below: t turns decode t times the plan turn's tokens, and an update whose
+        # cost is linear in tokens costs (its tokens / the plan update's) plan updates
+        ratio = med[f"{t} turns cached"]["update_tokens"] / med["plan"]["update_tokens"]
+        floor = t * med["plan"]["rollout"] + ratio * med["plan"]["update"]
+        print(f"floor: {t} x plan rollout + {ratio:.1f} x plan update (its tokens: {med[f'{t} turns cached']['update_tokens']:.0f}"
+              f" vs {med['plan']['update_tokens']:.0f}) = {floor:.2f} s = {floor / plan:.1f}x plan")
         line = f"multi-turn: {t}-turn step {cached:.2f} s vs plan {plan:.2f} s = {cached / plan:.1f}x"
         if not args.no_prefill_baseline:
             pre = med[f"{t} turns prefill"]["step"]
