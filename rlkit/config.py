@@ -40,7 +40,7 @@ class AlgorithmConfig:
     # groups only. 0 = off. Reward/env metrics stay over everything sampled.
     dynamic_sampling_max_rounds: int = 0
     # SPEED screening (Zhang et al. 2025, "SPEED-RL", two-phase sampling): each sampling round first draws
-    # tasks_per_step x group_size / screening_samples tasks and samples screening_samples episodes of each
+    # ceil(tasks_per_step x group_size / screening_samples) tasks and samples screening_samples episodes of each
     # (the budget of a plain round); only tasks whose screening rewards differ get the group_size -
     # screening_samples continuation samples that complete their group (the screening samples stay in it).
     # Tasks whose screening samples all agree are not trained on: all solved = too easy to teach anything,

@@ -97,10 +97,12 @@ class Progress:
             f"update {m.get('timing/train', 0):.1f}s)",
             f"ETA {_fmt(eta)}",
         ]
+        options = []  # after the success rate: what screening kept and the demonstrations, when those are on
         if "screening/tasks" in m:  # algorithm.screening_samples: kept groups / screened tasks
-            parts.insert(3, f"screened {m.get('dynamic/informative_groups', 0):.0f}/{m['screening/tasks']:.0f}")
+            options.append(f"screened {m.get('dynamic/informative_groups', 0):.0f}/{m['screening/tasks']:.0f}")
         if "demo/tasks" in m:
-            parts.insert(4 if "screening/tasks" in m else 3, f"demos {m['demo/tasks']:.0f}")
+            options.append(f"demos {m['demo/tasks']:.0f}")
+        parts[3:3] = options
         if "eval/success_rate" in m:
             parts.append(f"EVAL {m['eval/success_rate']:.1%}")
         self._print("[rlkit] " + " | ".join(parts))
