@@ -93,8 +93,11 @@ class Progress:
             f"kl {m.get('policy/approx_kl', 0):.4f}",
             f"clip {m.get('policy/clip_ratio', 0):.3f}",
             f"tokens {m.get('generate/mean_tokens', 0):.0f}",
-            f"{m.get('timing/step', 0):.1f}s (rollout {m.get('timing/rollout', 0):.1f}s, "
-            f"update {m.get('timing/train', 0):.1f}s)",
+            # backend.one_step_off_policy: the update ran while the next step's batch was sampled
+            (f"{m.get('timing/step', 0):.1f}s (update {m.get('timing/update', 0):.1f}s while sampling ahead "
+             f"{m['timing/prefetch']:.1f}s)" if m.get("timing/prefetch") else
+             f"{m.get('timing/step', 0):.1f}s (rollout {m.get('timing/rollout', 0):.1f}s, "
+             f"update {m.get('timing/train', 0):.1f}s)"),
             f"ETA {_fmt(eta)}",
         ]
         options = []  # after the success rate: what screening kept and the demonstrations, when those are on

@@ -60,6 +60,22 @@ class RunState:
     eval_success_before: float | None = None
 
 
+@dataclass
+class SampledBatch:
+    """What one GRPO step's update trains on (NativeRun._sample_batch).
+
+    trajectories: the kept groups (N = groups x G trajectories, groups contiguous); advantages [N];
+    demonstrations: the demo_coef term's solver trajectories (None when demo_coef is 0);
+    metrics: the sampling half's reward/*, env/*, dynamic/*, screening/*, sync/* and timing/* metrics.
+    """
+
+    step: int
+    trajectories: list[Any]
+    advantages: torch.Tensor
+    demonstrations: list[Any] | None
+    metrics: dict[str, float]
+
+
 class NativeBackend:
     """conf/backend/native.yaml. No options yet: the loop reads the typed groups."""
 
@@ -432,6 +448,22 @@ class NativeRun:
         return trajs, rewards_out, extra
 
     def train_step(self, step: int) -> dict[str, float]:
+        """One GRPO step: ``_sample_batch`` (rollouts, rewards, advantages, demonstrations), then the update."""
+        t0 = time.time()
+        batch = self._sample_batch(step)
+        t2 = time.time()
+        with self.progress.phase("update", step, self.cfg.steps):
+            update = self._update(step, batch.trajectories, batch.advantages, batch.demonstrations)
+        return {**batch.metrics, **update, "timing/train": time.time() - t2, "timing/step": time.time() - t0}
+
+    def _sample_batch(self, step: int) -> "SampledBatch":
+        """The sampling half of step ``step``: rollouts (dynamic sampling or screening rounds), rewards,
+        group advantages and, with ``algorithm.demo_coef``, the all-fail tasks' demonstrations.
+
+        It reads no policy weights itself: the rollout hook samples with the version it is given
+        (``_rollout``), so backend=native_ray can run this for step s + 1 while step s's update runs.
+        Returns: SampledBatch with the step's reward/*, env/*, dynamic/*, timing/* (sampling) metrics.
+        """
         cfg, timing = self.cfg, {}
         t0 = time.time()
         # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
@@ -455,10 +487,6 @@ class NativeRun:
         advantages = (group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
                       if len(rewards) else torch.zeros(0))  # screening that kept no task
         demos = self._demonstrations(sampled, timing, sampled_group) if self.algo.demo_coef > 0 else None
-        t2 = time.time()
-        with self.progress.phase("update", step, cfg.steps):
-            update = self._update(step, trajs, advantages, demos)
-        timing["timing/train"] = time.time() - t2
         metrics = {
             "reward/mean": float(sampled_rewards.mean()),
             "reward/std": float(sampled_rewards.std()) if len(sampled_rewards) > 1 else 0.0,
@@ -466,13 +494,12 @@ class NativeRun:
             "reward/zero_variance_groups": float(zero_variance_groups(sampled_rewards, sampled_group).float().mean()),
             **_component_means(rewards_out),
             **rollout_stats(sampled),
-            **update,
             **timing,
             **rollout_extra,
             **dynamic,
-            "timing/step": time.time() - t0,
+            "timing/sampling": time.time() - t0,
         }
-        return metrics
+        return SampledBatch(step, trajs, advantages, demos, metrics)
 
     def _demonstrations(self, sampled: list[Any], timing: dict[str, float], group_size: int) -> list[Any]:
         """The solver's demonstrations of this step's all-fail tasks (rlkit.update.all_fail_tasks over

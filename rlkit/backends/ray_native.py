@@ -18,6 +18,11 @@ What runs on workers is swapped in through NativeRun's hooks:
 - ``_demonstration_trajectories`` (``algorithm.demo_coef``): the rollout workers encode the solver
   demonstrations of the step's all-fail tasks.
 - ``_evaluate``: the rollout workers, on version ``step``.
+- ``train_step`` with ``backend.one_step_off_policy``: step s's update is sent to the trainer ranks,
+  and while they run it the driver samples step s + 1 on the rollout workers with version s - 1
+  (``NativeRun._sample_batch``); then it waits for the update. Steps that end at a checkpoint (and
+  the last step) do not sample ahead, so a checkpoint holds no half-made batch and a resumed run
+  samples exactly what the uninterrupted one did.
 - ``_save``: the optimizer state is gathered from the ranks into the shadow optimizer first.
 
 The SFT warm start (when ``sft.enabled``) stays in the driver process, as in backend=native; its
@@ -27,9 +32,11 @@ folder must be shared by all nodes, like ``paths.shared``).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -38,10 +45,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlkit.backends.native import NativeRun
+from rlkit.backends.native import NativeRun, SampledBatch
 from rlkit.distributed.runtime import RaySettings
 from rlkit.run import ConfigError
 from rlkit.update import make_scheduler
+
+log = logging.getLogger(__name__)
 
 
 class RayNativeBackend:
@@ -119,6 +128,8 @@ class RayNativeRun(NativeRun):
         self.cluster: Any = None
         self.sync_root = sync_root(cfg.paths.shared, run_key_for(self.out))
         self.published_version: int | None = None
+        self._prefetched: SampledBatch | None = None  # one_step_off_policy: the next step's batch
+        self._sample_version: int | None = None  # the version rollouts load; None = step - 1
 
     # ------------------------------------------------------------------ setup
     def _build_policy(self, base_path: str | None) -> None:
@@ -139,7 +150,8 @@ class RayNativeRun(NativeRun):
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start()
         self.progress.say(
-            f"native_ray: {s.num_workers} trainer rank(s) (FSDP2, {'nccl' if s.device_type == 'cuda' else 'gloo'}) + "
+            f"native_ray: {s.num_workers} trainer rank(s) ({'FSDP2' if self.cluster.sharded else 'unsharded'}, "
+            f"{'nccl' if s.device_type == 'cuda' else 'gloo'}) + "
             f"{s.num_rollout_workers} rollout worker(s), {'colocated' if s.colocate else 'separate'} bundles, "
             f"ready in {self.cluster.startup_s:.0f}s; adapter sync under {self.sync_root}"
             + (f"; Ray dashboard {self.cluster.dashboard_url}" if self.cluster.dashboard_url else "")
@@ -174,19 +186,30 @@ class RayNativeRun(NativeRun):
     # ---------------------------------------------------------------- steps
     def _rollout(self, step: int, seeds: list[int], sampling: Any,
                  group_size: int | None = None) -> tuple[list[Any], dict[str, float]]:
-        return self.cluster.rollout(seeds, group_size or self.cfg.group_size, sampling, version=step - 1)
+        version = step - 1 if self._sample_version is None else self._sample_version
+        return self.cluster.rollout(seeds, group_size or self.cfg.group_size, sampling, version=version)
 
     def _update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
                 demonstrations: list[Any] | None = None) -> dict[str, float]:
+        return self._finish_update(step, self._start_update(step, trajs, advantages, demonstrations))
+
+    def _start_update(self, step: int, trajs: list[Any], advantages: torch.Tensor,
+                      demonstrations: list[Any] | None) -> list[Any]:
+        """Send step ``step``'s update to the ranks (it publishes ``v<step>``) and advance the LR
+        schedule; returns the pending results for ``_finish_update``."""
         lr = self.optimizer.param_groups[0]["lr"]  # set by the scheduler on the shadow optimizer
         temperature = self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0
-        metrics = self.cluster.update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr, version=step,
-                                      demonstrations=demonstrations)
-        self.published_version = step
+        pending = self.cluster.start_update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr,
+                                            version=step, demonstrations=demonstrations)
         with warnings.catch_warnings():
             # the shadow optimizer never steps (the ranks' optimizers do); the schedule is unaffected
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
             self.scheduler.step()
+        return pending
+
+    def _finish_update(self, step: int, pending: list[Any]) -> dict[str, float]:
+        metrics = self.cluster.finish_update(pending)
+        self.published_version = step
         return metrics
 
     def _demonstration_trajectories(self, seeds: list[int]) -> list[Any]:
@@ -194,11 +217,57 @@ class RayNativeRun(NativeRun):
         return self.cluster.demonstrations(seeds)
 
     def train_step(self, step: int) -> dict[str, float]:
-        metrics = super().train_step(step)
-        # the adapter's way from the trainer to the engines in this step: load (before the rollout,
-        # the previous step's version) + publish (after the update, this step's version)
+        metrics = self._pipelined_step(step) if self.settings.one_step_off_policy else super().train_step(step)
+        # the adapter's way from the trainer to the engines in this step: load (before the rollout) +
+        # publish (after the update, this step's version)
         metrics["timing/sync"] = metrics.get("timing/load", 0.0) + metrics.get("timing/publish", 0.0)
         return metrics
+
+    def _pipelined_step(self, step: int) -> dict[str, float]:
+        """backend.one_step_off_policy (module doc): update on step ``step``'s batch while sampling the next.
+
+        The batch of step s + 1 is sampled with adapter v(s - 1) (its trajectories record that
+        version; ``sync/staleness`` = s - 1 - version is 1 for such a batch, 0 for a batch sampled
+        after the previous update). Its metrics (reward/*, timing/rollout...) are logged with step
+        s + 1; ``timing/prefetch`` is the time this step spent sampling ahead, ``timing/train`` the
+        wait for the update after that, ``timing/step`` the whole step.
+        """
+        t0 = time.time()
+        batch, self._prefetched = self._prefetched, None
+        if batch is None or batch.step != step:
+            batch = self._sample_batch(step)
+        pending = self._start_update(step, batch.trajectories, batch.advantages, batch.demonstrations)
+        prefetch_s = 0.0
+        if self._may_sample_ahead(step):
+            t1 = time.time()
+            self._sample_version = step - 1
+            try:
+                self._prefetched = self._sample_batch(step + 1)
+            except BaseException:
+                self._settle(pending)  # the update in flight: its own error is logged, not lost
+                raise
+            finally:
+                self._sample_version = None
+            prefetch_s = time.time() - t1
+        t2 = time.time()
+        with self.progress.phase("update", step, self.cfg.steps):
+            update = self._finish_update(step, pending)
+        return {**batch.metrics, **update, "sync/staleness": float(step - 1 - batch.metrics.get("sync/version", step - 1)),
+                "timing/prefetch": prefetch_s, "timing/train": time.time() - t2, "timing/step": time.time() - t0}
+
+    def _settle(self, pending: list[Any]) -> None:
+        """Wait for an update in flight when sampling ahead failed; log (not raise) its own error, so the
+        sampling error, which the caller re-raises, stays the one reported."""
+        try:
+            self.cluster.finish_update(pending)
+        except Exception as e:  # noqa: BLE001 - reported, the sampling error follows
+            log.error("the update in flight when sampling ahead failed also failed: %s", e)
+
+    def _may_sample_ahead(self, step: int) -> bool:
+        """Not after the last step, nor after a step that ends at a checkpoint (the checkpoint then
+        holds the sampler's state before step + 1's draw, as the resumed run will need it)."""
+        interval = self.trainer.ckpt_interval
+        return step < self.cfg.steps and not (interval and step % interval == 0)
 
     def _evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
         return self.cluster.evaluate(self.eval_seeds, self.greedy, version=step)

@@ -80,7 +80,7 @@ class RayCluster:
             are built from. name: prefix of the placement group's name.
 
     Attributes (after ``start``): param_specs [(name, shape)] of the trainable parameters in
-    optimizer order; dashboard_url (or None); trainers, rollouts (actor handles).
+    optimizer order; sharded (whether the ranks run FSDP2; one rank without mixed precision does not); dashboard_url (or None); trainers, rollouts (actor handles).
     """
 
     def __init__(self, settings: RaySettings, trainer_spec: TrainerSpec, rollout_spec: RolloutSpec, name: str = "rlkit") -> None:
@@ -95,6 +95,7 @@ class RayCluster:
         self.owns_ray = False
         self.dashboard_url: str | None = None
         self.param_specs: list[tuple[str, tuple[int, ...]]] = []
+        self.sharded = True  # FSDP2 over the ranks; False: one rank, unsharded (fsdp.SingleRankRoot)
         self.startup_s = 0.0
 
     # ---------------------------------------------------------------- lifecycle
@@ -128,6 +129,7 @@ class RayCluster:
         infos = _get_all([t.setup.remote(addr, port) for t in self.trainers] + [r.ready.remote() for r in self.rollouts],
                          s.startup_timeout_s, "trainer and rollout workers")
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
+        self.sharded = bool(infos[0]["sharded"])
         self.startup_s = time.perf_counter() - t0
         log.info("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
                  w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))
@@ -192,12 +194,26 @@ class RayCluster:
         Returns: rank 0's metrics (policy/*, demo/nll with demonstrations, timing/update,
         timing/publish, sync/published_*).
         """
+        return self.finish_update(self.start_update(trajectories, advantages, algo, temperature, generator, lr,
+                                                    version, demonstrations))
+
+    def start_update(self, trajectories: list[Any], advantages: torch.Tensor, algo: Any, temperature: float,
+                     generator: torch.Generator, lr: float, version: int,
+                     demonstrations: list[Any] | None = None) -> list[Any]:
+        """``update``'s first half: plan the split (draws from ``generator`` now) and send every rank
+        its share; returns at once with the ranks' pending results, for ``finish_update``. The
+        rollout workers stay free meanwhile (backend.one_step_off_policy samples the next step then)."""
         payloads = plan_update(trajectories, advantages, algo, len(self.trainers), generator, demonstrations)
         if payloads is None:
             payloads = [RankPayload(rank=r) for r in range(len(self.trainers))]
-        refs = [t.train.remote(payloads[r], float(lr), float(temperature), int(version), algo)
+        return [t.train.remote(payloads[r], float(lr), float(temperature), int(version), algo)
                 for r, t in enumerate(self.trainers)]
-        return _get_all(refs, what="trainer ranks (update)")[0]
+
+    def finish_update(self, pending: list[Any]) -> dict[str, float]:
+        """Wait for a ``start_update``'s ranks; rank 0's metrics (as ``update``'s).
+
+        Raises: the first failing rank's error, as soon as it arrives."""
+        return _get_all(pending, what="trainer ranks (update)")[0]
 
     # ---------------------------------------------------------------- rollout
     def _split(self, seeds: list[int]) -> list[tuple[int, list[int]]]:

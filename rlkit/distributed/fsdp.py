@@ -116,6 +116,16 @@ def shard_policy(policy: Any, mesh: Any, mixed_precision: bool) -> nn.Module:
     return root
 
 
+class SingleRankRoot:
+    """What a one-rank trainer uses in place of the FSDP root when it computes in the weights' own dtype
+    (no mixed precision): the policy stays unsharded. FSDP2 over one rank only adds the per-block
+    all-gather copies and hooks; with nothing to reduce, gradient sync has nothing to switch.
+    The update's other collectives (metric all-reduces) run as on any world size."""
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+        """No-op: one rank's gradients are already the full gradients."""
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 

@@ -7,7 +7,7 @@ one placement group holds one bundle per device, ``{"CPU": cpus_per_worker, "GPU
 - ``colocate=true``: ``max(num_workers, num_rollout_workers)`` bundles; rollout worker ``j`` runs on
   bundle ``j``, beside trainer rank ``j``. Every actor asks for half of its bundle (fractional CPU /
   GPU), so a trainer and a rollout worker share one device; the loop runs them in turn (rollout,
-  then update), never at the same time.
+  then update), never at the same time (so ``one_step_off_policy`` is refused here).
 - ``colocate=false``: ``num_workers + num_rollout_workers`` bundles; rollout worker ``j`` runs on
   bundle ``num_workers + j`` and every actor owns its whole bundle.
 
@@ -48,6 +48,11 @@ class RaySettings:
         off on CPU; true on CPU is a config error (CPU bf16 matmuls are slow and inexact here).
     dist_timeout_s: collective timeout of the trainers' process group (seconds).
     startup_timeout_s: how long placement-group scheduling and actor start-up may take (seconds).
+    one_step_off_policy: sample step s + 1 on the rollout workers while the trainer ranks update on
+        step s's batch, so step s + 1 samples with adapter v(s - 1) instead of v(s) (the loss's
+        importance ratio and clip correct for that: its "old" logprobs are the sampling ones). As
+        verl's one-step-off-policy trainer and PipelineRL's bounded lag; worth it when trainers and
+        rollout workers have their own devices: it needs colocate=false and keep_versions >= 2.
     """
 
     num_workers: int = 1
@@ -65,6 +70,7 @@ class RaySettings:
     mixed_precision: bool | None = None
     dist_timeout_s: float = 1800.0
     startup_timeout_s: float = 600.0
+    one_step_off_policy: bool = False
 
     def __post_init__(self) -> None:
         if self.num_rollout_workers is None:
@@ -84,6 +90,17 @@ class RaySettings:
             raise ValueError(f"backend.placement_strategy={self.placement_strategy!r}: use one of {', '.join(STRATEGIES)}")
         if self.keep_versions < 1:
             raise ValueError(f"backend.keep_versions={self.keep_versions} must be >= 1")
+        if self.one_step_off_policy and self.colocate:
+            raise ValueError(
+                "backend.one_step_off_policy=true runs the rollout workers while the trainer ranks update, so "
+                "they need devices of their own: set backend.colocate=false (colocated actors share a device "
+                "and take turns)"
+            )
+        if self.one_step_off_policy and self.keep_versions < 2:
+            raise ValueError(
+                f"backend.keep_versions={self.keep_versions} with backend.one_step_off_policy=true: the rollout "
+                "workers sample from the version before the one being published, so keep at least 2"
+            )
         if self.sync_timeout_s <= 0:
             raise ValueError(f"backend.sync_timeout_s={self.sync_timeout_s} must be > 0 seconds")
         if self.mixed_precision and self.gpus_per_worker == 0:

@@ -27,7 +27,8 @@ Here (same result, up to float summation order):
    that micro-batch runs the full-sequence forward everywhere; ``policy/shared_prefix_fraction`` is
    the share of micro-batches that shared. Gradients are synchronised only after the last
    micro-batch (``set_requires_gradient_sync``). The gradient norm is clipped over the sharded
-   (DTensor) gradients; the optimizer step updates the shards.
+   (DTensor) gradients; the optimizer step updates the shards. (A single rank without mixed precision
+   runs unsharded: plain tensors, ``root`` a SingleRankRoot whose gradient sync is a no-op.)
 3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
    gives the single-rank diagnostic of the mini-batch.
 4. The ``demo_coef`` term (ReLIFT demonstrations, rlkit.update.grpo_update): the demonstrations are
@@ -161,7 +162,8 @@ def sharded_grpo_update(
 
     Args:
         policy: the rank's Policy (``logprobs``, ``reference``), its model sharded by
-            rlkit.distributed.fsdp.shard_policy; ``root`` is that FSDP root module.
+            rlkit.distributed.fsdp.shard_policy; ``root`` is that FSDP root module (or a
+            fsdp.SingleRankRoot for one unsharded rank).
         optimizer / params: the optimizer over the sharded trainable parameters (in order).
         payload: this rank's plan (plan_update). cfg: algorithm config. temperature: the sampling
             temperature (logprobs of logits / T).

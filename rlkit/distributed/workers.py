@@ -5,8 +5,8 @@ also run them in-process. Each actor sets torch's intra-op threads to its bundle
 its own copy of the policy from the same checkpoint with the same LoRA seed, so every process
 starts from identical weights without a broadcast.
 
-TrainerWorker (rank r of W): joins the process group, shards the policy with FSDP2, owns the
-sharded AdamW state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
+TrainerWorker (rank r of W): joins the process group, shards the policy with FSDP2 (W = 1 without
+mixed precision: left unsharded, rlkit.distributed.fsdp.SingleRankRoot), owns the (sharded) AdamW state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
 publishes the gathered adapter as version ``v<step>`` (rlkit.sync).
 
 RolloutWorker: an unsharded policy and its TransformersEngine; before sampling it loads exactly the
@@ -109,9 +109,10 @@ class TrainerWorker:
         """Join the process group, load and shard the policy, build the optimizer.
 
         Returns: {"rank", "pid", "threads", "device", "params": [(name, shape)] of the trainable
-        parameters in optimizer order (rank 0 only; [] elsewhere)}.
+        parameters in optimizer order (rank 0 only; [] elsewhere), "sharded": False for a single rank
+        without mixed precision (SingleRankRoot: the policy is left unsharded)}.
         """
-        from rlkit.distributed.fsdp import init_process_group, shard_policy, trainable_named_parameters
+        from rlkit.distributed.fsdp import SingleRankRoot, init_process_group, shard_policy, trainable_named_parameters
 
         spec = self.spec
         mesh = init_process_group(self.rank, self.world_size, master_addr, master_port, spec.device_type,
@@ -120,7 +121,9 @@ class TrainerWorker:
         if spec.mixed_precision:
             overrides["dtype"] = "float32"  # sharded fp32 master weights; FSDP computes in bf16
         self.policy = load_worker_policy(spec.policy, spec.base_path, **overrides)
-        self.root = shard_policy(self.policy, mesh, spec.mixed_precision)
+        # one rank in its weights' dtype: nothing to shard (FSDP2 would only add copies; SingleRankRoot)
+        self.root = (SingleRankRoot() if self.world_size == 1 and not spec.mixed_precision
+                     else shard_policy(self.policy, mesh, spec.mixed_precision))
         named = trainable_named_parameters(self.policy.model)
         self.params = [p for _, p in named]
         algo = spec.algorithm
@@ -133,6 +136,7 @@ class TrainerWorker:
         return {
             "rank": self.rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "device": str(self.policy.device),
             "params": [(n, tuple(p.shape)) for n, p in named] if self.rank == 0 else [],
+            "sharded": not isinstance(self.root, SingleRankRoot),
         }
 
     def load_adapter(self, path: str) -> int:

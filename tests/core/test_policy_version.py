@@ -15,5 +15,5 @@ def test_native_and_native_ray_record_the_same_version(monkeypatch):
     from rlkit.backends.ray_native import RayNativeRun
 
     cluster = SimpleNamespace(rollout=lambda seeds, g, sampling, version: (seen.setdefault("native_ray", version), {}))
-    RayNativeRun._rollout(SimpleNamespace(cluster=cluster, cfg=SimpleNamespace(group_size=2)), 3, [5], None)
+    RayNativeRun._rollout(SimpleNamespace(cluster=cluster, cfg=SimpleNamespace(group_size=2), _sample_version=None), 3, [5], None)
     assert seen == {"native": 2, "native_ray": 2}  # step 3 samples with the adapter after 2 updates

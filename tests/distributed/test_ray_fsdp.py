@@ -64,6 +64,7 @@ def test_two_ranks_and_two_rollout_workers_match_single_process(cluster, make_po
     from envs.visgym import VisGymMaze
 
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
+    assert cluster.sharded is True  # 2 ranks: FSDP2
     # both sides start from the same non-trivial adapter (resume path: load a saved adapter into the shards)
     local = make_policy()
     perturb_lora(local.model, seed=5)

@@ -93,3 +93,14 @@ def test_a_step_without_a_policy_loss_says_so_and_screening_and_demos_show(capsy
     line = capsys.readouterr().out.splitlines()[0]
     assert "| loss - |" in line and "+0.0000" not in line, line
     assert "| screened 5/32 | demos 3 | loss - |" in line, line
+
+
+def test_a_pipelined_step_shows_its_update_beside_the_sampling_ahead(capsys):
+    # backend.one_step_off_policy: the step's rollout happened during the previous step; timing/train is
+    # only the wait after sampling ahead, so the line shows the trainer's update and the sampling it overlapped
+    p = Progress(quiet=False, live=False)
+    p.step(1, 2, {**M, "timing/update": 0.9, "timing/prefetch": 0.6, "timing/train": 0.3})
+    p.step(2, 2, {**M, "timing/update": 0.9, "timing/prefetch": 0.0})  # the last step samples nothing ahead
+    first, last = capsys.readouterr().out.splitlines()
+    assert "| 1.5s (update 0.9s while sampling ahead 0.6s) |" in first, first
+    assert "| 1.5s (rollout 1.0s, update 0.4s) |" in last, last
