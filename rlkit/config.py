@@ -39,6 +39,11 @@ class AlgorithmConfig:
     # each) until tasks_per_step groups with differing rewards are found; the update trains on those
     # groups only. 0 = off. Reward/env metrics stay over everything sampled.
     dynamic_sampling_max_rounds: int = 0
+    # Dynamic sampling with rounds sized to fill the step at once: a round draws enough tasks to find the
+    # missing informative groups at the share the previous step found (DAPO's generation batch larger than
+    # its training batch, sized adaptively), within the same budget of (max_rounds + 1) x tasks_per_step tasks.
+    # One larger generate call instead of several: on the CPU default 32 tasks x 8 took 0.74 s against 4 x 0.26 s.
+    dynamic_sampling_adaptive_batch: bool = False
     # SPEED screening (Zhang et al. 2025, "SPEED-RL", two-phase sampling): each sampling round first draws
     # ceil(tasks_per_step x group_size / screening_samples) tasks and samples screening_samples episodes of each
     # (the budget of a plain round); only tasks whose screening rewards differ get the group_size -

@@ -164,6 +164,21 @@ def test_sigkill_mid_segment_of_a_longer_run_keeps_wandb_history(tmp_path, cache
     assert assert_wandb_matches_metrics(run) == list(range(41))
 
 
+def test_resume_with_adaptive_dynamic_sampling_sizes_the_next_round_as_the_uninterrupted_run(tmp_path, cache):
+    """The adaptive rounds are sized from the previous step's informative share, which the checkpoint
+    keeps: without it the resumed step 3 would draw a round of 2 tasks where the uninterrupted run drew
+    the step's whole budget (the 2-step warm start solves nothing, so the share is 0: dynamic/rounds 1)."""
+    extra = ["algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_adaptive_batch=true"]
+    ref = tmp_path / "ref"
+    _train(ref, cache, extra)
+    assert [s["dynamic/rounds"] for s in _steps(ref) if "reward/mean" in s][1:] == [1.0, 1.0, 1.0]
+    run = tmp_path / "run"
+    proc = _train(run, cache, extra, crash="update@3", check=False)
+    assert proc.returncode == -signal.SIGKILL
+    _train(run, cache, extra)
+    assert _steps(run) == _steps(ref)
+
+
 def test_resume_boundaries_train_exactly_the_remaining_steps(tmp_path, cache):
     run = tmp_path / "run"
     _train(run, cache, ["steps=2"])

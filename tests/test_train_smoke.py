@@ -110,6 +110,8 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.demo_coef=-0.1", "algorithm.demo_coef=-0.1 must be >= 0"),
     ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
     ("algorithm.screening_samples=2", "screening needs 2 <= screening_samples < group_size=2"),  # smoke: G=2
+    # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
+    ("algorithm.dynamic_sampling_adaptive_batch=true", "it needs algorithm.dynamic_sampling_max_rounds > 0"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -100,6 +101,8 @@ class NativeRun:
         self.ckpt_root = self.out / "checkpoints"
         self.metrics_file = MetricsFile(self.out / "metrics.jsonl")
         self.progress = Progress(quiet=self.trainer.quiet)
+        # (informative, sampled) groups of the last dynamic-sampling step: sizes the next adaptive round
+        self.informative_counts: tuple[int, int] = (1, 1)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -207,6 +210,10 @@ class NativeRun:
                             f"{cfg.group_size} (one sample cannot show rewards that differ, and the screening samples "
                             "are part of each kept group of group_size); use 0 (off)"
                             + (f" or 2..{cfg.group_size - 1}" if cfg.group_size > 2 else " or group_size >= 3"))
+        if self.algo.dynamic_sampling_adaptive_batch and (self.algo.dynamic_sampling_max_rounds == 0 or k > 0):
+            problems.append("algorithm.dynamic_sampling_adaptive_batch=true sizes dynamic sampling's rounds: it needs "
+                            "algorithm.dynamic_sampling_max_rounds > 0 and algorithm.screening_samples=0 (screening "
+                            "sizes its own rounds); set those, or dynamic_sampling_adaptive_batch=false")
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
@@ -307,6 +314,7 @@ class NativeRun:
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         meta = json.loads((path / "trainer_state.json").read_text())
         self.sampler.load_state_dict(meta["sampler"])
+        self.informative_counts = tuple(meta.get("informative_counts", (1, 1)))  # sizes the next adaptive round
         self.state = RunState(step=meta["step"], run_id=meta.get("run_id"), wall_time_s=meta.get("wall_time_s", 0.0),
                               eval_success_before=meta.get("eval_success_before"))
         random.setstate(_tuplify(meta["python_rng"]))
@@ -376,6 +384,7 @@ class NativeRun:
             meta = {"step": step, "sampler": self.sampler.state_dict(), "run_id": self.state.run_id,
                     "wall_time_s": self.state.wall_time_s, "eval_success_before": self.state.eval_success_before,
                     "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state()),
+                    "informative_counts": list(self.informative_counts),
                     "metrics_lines": self.metrics_file.num_lines()}
             (d / "trainer_state.json").write_text(json.dumps(meta, default=_json_default))
             (d / "config.yaml").write_text(cfg_yaml)
@@ -474,7 +483,9 @@ class NativeRun:
             sampled_group = self.algo.screening_samples
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         else:
-            trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing)
+            adaptive = self.algo.dynamic_sampling_adaptive_batch  # round 1 sized from the last step's share
+            seeds = self.sampler.sample(self._round_size(cfg.tasks_per_step, 0)) if adaptive else None
+            trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing, seeds)
             rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
             sampled, sampled_rewards, dynamic = trajs, rewards, {}
             if self.algo.dynamic_sampling_max_rounds > 0:
@@ -525,14 +536,19 @@ class NativeRun:
     def _dynamic_sampling(self, step: int, sampling: Any, trajs: list[Any], rewards_out: list[Any],
                           timing: dict[str, float]) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float]]:
         """DAPO dynamic sampling (Yu et al. 2025, "DAPO", section 3.2): keep the groups whose rewards
-        differ; while fewer than tasks_per_step are kept, roll out tasks_per_step new tasks (at most
-        ``dynamic_sampling_max_rounds`` more rounds).
+        differ; while fewer than tasks_per_step are kept, roll out new tasks (at most
+        ``dynamic_sampling_max_rounds`` more rounds, and at most (max_rounds + 1) x tasks_per_step tasks
+        in all). A round draws tasks_per_step tasks, or with ``dynamic_sampling_adaptive_batch``
+        ``_round_size`` of them (DAPO's generation batch larger than its training batch, sized from the
+        share of informative groups the previous step found; never fewer than tasks_per_step).
 
         Returns: (kept trajectories: at most tasks_per_step groups in sampling order, all of round 1
         when no group differs; their rewards [N']; every sampled trajectory and its reward output,
         for the reward/* and env/* metrics, which describe the policy and not the filter;
         dynamic/{rounds, informative_groups, sampled_groups} metrics)."""
         cfg, g = self.cfg, self.cfg.group_size
+        adaptive = self.algo.dynamic_sampling_adaptive_batch
+        budget = (self.algo.dynamic_sampling_max_rounds + 1) * cfg.tasks_per_step
         all_trajs, all_out = list(trajs), list(rewards_out)
         rounds = 1
 
@@ -540,8 +556,11 @@ class NativeRun:
             r = torch.tensor([o.total for o in ts_out], dtype=torch.float32)
             return [i for i, z in enumerate(zero_variance_groups(r, g).tolist()) if not z]
 
-        while len(informative(all_out)) < cfg.tasks_per_step and rounds <= self.algo.dynamic_sampling_max_rounds:
-            more, more_out, _ = self._sample_round(step, replace(sampling, seed=sampling.seed + 7919 * rounds), timing)
+        while ((missing := cfg.tasks_per_step - len(informative(all_out))) > 0
+               and rounds <= self.algo.dynamic_sampling_max_rounds and len(all_trajs) // g < budget):
+            seeds = self.sampler.sample(self._round_size(missing, len(all_trajs) // g)) if adaptive else None
+            more, more_out, _ = self._sample_round(step, replace(sampling, seed=sampling.seed + 7919 * rounds), timing,
+                                                   seeds)
             offset = len(all_trajs) // g
             for t in more:
                 t.group += offset
@@ -552,12 +571,25 @@ class NativeRun:
         keep = found[: cfg.tasks_per_step]
         metrics = {"dynamic/rounds": float(rounds), "dynamic/informative_groups": float(len(found)),
                    "dynamic/sampled_groups": float(len(all_trajs) // g)}
+        self.informative_counts = (len(found), len(all_trajs) // g)
         if not keep:  # nothing to learn from: the round-1 batch, all advantages 0, so the policy-gradient
             # term is 0 (the optimizer still steps on its momentum, as for any zero-signal batch)
-            keep = list(range(len(trajs) // g))
+            keep = list(range(min(len(trajs) // g, cfg.tasks_per_step)))
         kept = [all_trajs[k * g + j] for k in keep for j in range(g)]
         rewards = torch.tensor([all_out[k * g + j].total for k in keep for j in range(g)], dtype=torch.float32)
         return kept, rewards, all_trajs, all_out, metrics
+
+    def _round_size(self, missing: int, drawn: int) -> int:
+        """Tasks the next adaptive dynamic-sampling round draws: enough to find ``missing`` informative
+        groups if they are as common as in the previous step (``informative_counts`` = (informative,
+        sampled) groups, (1, 1) at the start; the share floored at 1 / (max_rounds + 1)), at least
+        tasks_per_step (a plain round) and at most what the step's budget of (max_rounds + 1) x
+        tasks_per_step tasks leaves after ``drawn``."""
+        rounds, b = self.algo.dynamic_sampling_max_rounds + 1, self.cfg.tasks_per_step
+        found, sampled = self.informative_counts
+        # ceil(missing / share) in integers: share = found / sampled, or 1 / rounds when that is smaller
+        need = -(-missing * sampled // found) if found * rounds >= sampled else missing * rounds
+        return max(1, min(rounds * b - drawn, max(b, need)))
 
     def _screened_sampling(self, step: int, sampling: Any, timing: dict[str, float],
                            ) -> tuple[list[Any], torch.Tensor, list[Any], list[Any], dict[str, float], dict[str, float]]:

@@ -130,6 +130,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("algorithm.filter_zero_variance_groups=true", "algorithm.filter_zero_variance_groups"),
         ("algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_max_rounds"),
         ("algorithm.screening_samples=4", "algorithm.screening_samples"),
+        ("algorithm.dynamic_sampling_adaptive_batch=true", "algorithm.dynamic_sampling_adaptive_batch"),
         ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),
         ("algorithm.adv_eps=1e-5", "algorithm.adv_eps"),
         ("sft.enabled=true", "sft.enabled"),

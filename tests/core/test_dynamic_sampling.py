@@ -13,11 +13,12 @@ from rlkit.policy import SamplingParams
 from rlkit.types import RewardOutput
 
 
-def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3):
+def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=False):
     """A NativeRun (no policy) whose rollouts draw tasks 0, 1, 2, ... in order."""
     run = NativeRun.__new__(NativeRun)
     run.cfg = SimpleNamespace(tasks_per_step=tasks_per_step, group_size=group_size, steps=1)
-    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=max_rounds)
+    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=max_rounds, dynamic_sampling_adaptive_batch=adaptive)
+    run.informative_counts = (1, 1)
     counter = iter(range(10_000))
     run.sampler = SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)])
     run.progress = SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext())
@@ -46,7 +47,8 @@ def call(run, informative):
     run.reward_fn = reward
     sampling = SamplingParams(temperature=1.0, seed=100)
     timing: dict[str, float] = {}
-    trajs, out, _ = run._sample_round(1, sampling, timing)
+    first = run.sampler.sample(run._round_size(run.cfg.tasks_per_step, 0)) if run.algo.dynamic_sampling_adaptive_batch else None
+    trajs, out, _ = run._sample_round(1, sampling, timing, first)
     return run._dynamic_sampling(1, sampling, trajs, out, timing), timing
 
 
@@ -96,3 +98,40 @@ def test_negative_max_rounds_is_refused(value, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "RLKIT_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode != 0 and "dynamic_sampling_max_rounds=-1" in proc.stdout + proc.stderr
+
+
+def test_adaptive_rounds_are_sized_from_the_last_steps_informative_share():
+    run = scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=True)  # budget: 8 tasks a step
+    # step 1, no share known yet: plain rounds of tasks_per_step: [0, 1] -> 0 informative, [2, 3], [4, 5] -> 4
+    (kept, _, _, _, m), _ = call(run, lambda s: s % 4 == 0)
+    assert [seeds for seeds, _ in run.rollout_seeds] == [[0, 1], [2, 3], [4, 5]]
+    assert [t.episode.seed for t in kept] == [0, 0, 4, 4] and m["dynamic/rounds"] == 3.0
+    assert run.informative_counts == (2, 6)
+    # step 2 at share 2/6: round 1 draws ceil(2 / (1/3)) = 6 tasks (6..11: 8 informative); the next would be
+    # ceil(1 / (1/3)) = 3 tasks, cut to the 2 left of the budget (12, 13: 12 informative)
+    run.rollout_seeds.clear()
+    (kept, _, _, _, m), _ = call(run, lambda s: s % 4 == 0)
+    assert [seeds for seeds, _ in run.rollout_seeds] == [[6, 7, 8, 9, 10, 11], [12, 13]]
+    assert [t.episode.seed for t in kept] == [8, 8, 12, 12] and m["dynamic/sampled_groups"] == 8.0
+
+
+def test_adaptive_round_size_is_an_exact_integer_ceiling():
+    run = scripted_run(tasks_per_step=2, max_rounds=63, adaptive=True)
+    run.informative_counts = (1, 49)  # 1 / (1/49) is 49.000000000000004 in floats: ceil would give 50
+    assert run._round_size(1, 0) == 49
+    run.informative_counts = (3, 7)
+    assert run._round_size(2, 0) == 5  # ceil(2 x 7 / 3) = ceil(4.67)
+    assert run._round_size(2, 125) == 3  # what the budget of 64 x 2 tasks leaves
+    assert run._round_size(1, 0) == 3  # ceil(7 / 3) = 3 >= tasks_per_step
+    run.informative_counts = (5, 5)
+    assert run._round_size(1, 0) == 2  # never fewer than a plain round
+
+
+def test_adaptive_rounds_stay_within_the_steps_task_budget():
+    run = scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=True)
+    run.informative_counts = (0, 8)  # the last step found nothing: the share's floor, 1 / 4, sizes the round
+    (kept, rewards, sampled, _, m), _ = call(run, lambda s: False)
+    assert [seeds for seeds, _ in run.rollout_seeds] == [[0, 1, 2, 3, 4, 5, 6, 7]]  # the whole budget at once
+    assert m == {"dynamic/rounds": 1.0, "dynamic/informative_groups": 0.0, "dynamic/sampled_groups": 8.0}
+    # nothing informative: the update gets tasks_per_step groups (all advantages 0), not the 8 sampled
+    assert [t.episode.seed for t in kept] == [0, 0, 1, 1] and rewards.tolist() == [0.0] * 4 and len(sampled) == 16

@@ -389,6 +389,9 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             "only in the native backends; set it to 0 (SkyRL has its own, trainer.algorithm.dynamic_sampling, "
             "which rlkit does not map)"
         )
+    if algo.dynamic_sampling_adaptive_batch:
+        problems.append("algorithm.dynamic_sampling_adaptive_batch=true: rlkit's dynamic sampling runs only in the "
+                        "native backends; set it to false")
     if algo.screening_samples:
         problems.append(
             f"algorithm.screening_samples={algo.screening_samples}: rlkit's screening runs only in the native "
