@@ -140,6 +140,16 @@ def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_lo
     assert _compose([]).algorithm.demo_coef == 0.0  # the default job does not use it
 
 
+def test_long_demo_pipelined_is_long_demo_with_the_rollout_beside_the_update():
+    cfg, plain = _compose(["experiment=long_demo_pipelined"]), _compose(["experiment=long_demo"])
+    for key in ("steps", "lr", "algorithm.demo_coef", "algorithm.dynamic_sampling_max_rounds", "trainer.eval_interval",
+                "grounding.enabled", "policy.lora.include_vision", "algorithm.lr_schedule"):
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(plain, key), key
+    assert cfg.backend._target_.endswith("RayNativeBackend") and cfg.algorithm.dynamic_sampling_adaptive_batch
+    b = cfg.backend
+    assert (b.num_workers, b.num_rollout_workers, b.colocate, b.one_step_off_policy) == (1, 1, False, True)
+
+
 def test_a_mistyped_key_is_named_with_the_closest_real_one():
     from rlkit.run import unknown_override_keys
 
