@@ -90,3 +90,25 @@ def compose_config():
     from tests.backends.conftest import compose_cfg
 
     return compose_cfg
+
+
+def start_cluster(settings, algorithm, lr: float, policy_node, env_node, root, sync_timeout_s: float,
+                  keep_versions: int):
+    """A started RayCluster of the test policy and env on CPU (float32 trainer, 1 thread an actor), its
+    adapter versions under ``root`` (also set as ``cluster.sync_root`` for the tests)."""
+    from rlkit.distributed.cluster import RayCluster
+    from rlkit.distributed.workers import RolloutSpec, TrainerSpec
+
+    common = dict(policy=policy_node, base_path=None, sync_root=str(root), threads=1, device_type="cpu")
+    cluster = RayCluster(settings, TrainerSpec(algorithm=algorithm, lr=lr, keep_versions=keep_versions,
+                                               mixed_precision=False, dist_timeout_s=120, **common),
+                         RolloutSpec(env=env_node, sync_timeout_s=sync_timeout_s, **common))
+    cluster.start()
+    cluster.sync_root = root
+    return cluster
+
+
+def max_abs_diff(a, b) -> float:
+    """Largest absolute difference between two {name: tensor} dicts with the same keys."""
+    assert sorted(a) == sorted(b)
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 from rlkit.config import AlgorithmConfig
 from rlkit.distributed.cluster import RayCluster
 from rlkit.distributed.runtime import RaySettings
-from rlkit.distributed.workers import RolloutSpec, TrainerSpec
 from rlkit.policy import PromptInput, SamplingParams, make_engine
 from rlkit.policy.lora import lora_state_dict, load_adapter_inplace, save_adapter
 from rlkit.rollout import rollout
 from rlkit.sync import SyncError, version_dir
 from rlkit.update import grpo_update
-from tests.distributed.conftest import perturb_lora
+from tests.distributed.conftest import max_abs_diff as _max_diff
+from tests.distributed.conftest import perturb_lora, start_cluster
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 # mini-batches of 3 over 6 sequences split 2/1 across the ranks, micro-batches of 1: rank 1 runs a
@@ -35,22 +35,12 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def cluster(ray_local, policy_node, env_node, tmp_path_factory):
-    root = tmp_path_factory.mktemp("shared") / "lora_sync" / "run"
     settings = RaySettings(num_workers=2, num_rollout_workers=2, colocate=True, cpus_per_worker=1,
                            sync_timeout_s=3.0, keep_versions=3, startup_timeout_s=300)
-    common = dict(policy=policy_node, base_path=None, sync_root=str(root), threads=1, device_type="cpu")
-    c = RayCluster(settings, TrainerSpec(algorithm=ALGO, lr=LR, keep_versions=3, mixed_precision=False,
-                                         dist_timeout_s=120, **common),
-                   RolloutSpec(env=env_node, sync_timeout_s=3.0, **common))
-    c.start()
-    c.sync_root = root
+    c = start_cluster(settings, ALGO, LR, policy_node, env_node, tmp_path_factory.mktemp("shared") / "lora_sync" / "run",
+                      sync_timeout_s=3.0, keep_versions=3)
     yield c
     c.shutdown()
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert sorted(a) == sorted(b)
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 def _prompt(policy) -> PromptInput:
