@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import random
@@ -465,7 +464,7 @@ class NativeRun:
             update = self._update(step, batch.trajectories, batch.advantages, batch.demonstrations)
         return {**batch.metrics, **update, "timing/train": time.time() - t2, "timing/step": time.time() - t0}
 
-    def _sample_batch(self, step: int) -> "SampledBatch":
+    def _sample_batch(self, step: int) -> SampledBatch:
         """The sampling half of step ``step``: rollouts (dynamic sampling or screening rounds), rewards,
         group advantages and, with ``algorithm.demo_coef``, the all-fail tasks' demonstrations.
 
@@ -542,8 +541,8 @@ class NativeRun:
         ``_round_size`` of them (DAPO's generation batch larger than its training batch, sized from the
         share of informative groups the previous step found; never fewer than tasks_per_step).
 
-        Returns: (kept trajectories: at most tasks_per_step groups in sampling order, all of round 1
-        when no group differs; their rewards [N']; every sampled trajectory and its reward output,
+        Returns: (kept trajectories: at most tasks_per_step groups in sampling order, the first
+        tasks_per_step groups of round 1 when no group differs; their rewards [N']; every sampled trajectory and its reward output,
         for the reward/* and env/* metrics, which describe the policy and not the filter;
         dynamic/{rounds, informative_groups, sampled_groups} metrics)."""
         cfg, g = self.cfg, self.cfg.group_size

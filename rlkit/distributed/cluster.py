@@ -80,7 +80,8 @@ class RayCluster:
             are built from. name: prefix of the placement group's name.
 
     Attributes (after ``start``): param_specs [(name, shape)] of the trainable parameters in
-    optimizer order; sharded (whether the ranks run FSDP2; one rank without mixed precision does not); dashboard_url (or None); trainers, rollouts (actor handles).
+    optimizer order; sharded (whether the ranks run FSDP2; one rank without mixed precision does
+    not); dashboard_url (or None); trainers, rollouts (actor handles).
     """
 
     def __init__(self, settings: RaySettings, trainer_spec: TrainerSpec, rollout_spec: RolloutSpec, name: str = "rlkit") -> None:

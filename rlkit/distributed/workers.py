@@ -6,7 +6,8 @@ its own copy of the policy from the same checkpoint with the same LoRA seed, so 
 starts from identical weights without a broadcast.
 
 TrainerWorker (rank r of W): joins the process group, shards the policy with FSDP2 (W = 1 without
-mixed precision: left unsharded, rlkit.distributed.fsdp.SingleRankRoot), owns the (sharded) AdamW state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
+mixed precision: left unsharded, rlkit.distributed.fsdp.SingleRankRoot), owns the (sharded) AdamW
+state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
 publishes the gathered adapter as version ``v<step>`` (rlkit.sync).
 
 RolloutWorker: an unsharded policy and its TransformersEngine; before sampling it loads exactly the
