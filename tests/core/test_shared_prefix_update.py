@@ -186,4 +186,7 @@ def test_minibatches_hold_whole_groups_and_run_each_prompt_once(policy, plan_env
     batch, adv = _batch(policy, plan_env)  # 2 groups of 4
     _, _, tok_all = _update_grad(policy, batch, adv, AlgorithmConfig(micro_batch_size=8))
     _, _, tok_mini = _update_grad(policy, batch, adv, AlgorithmConfig(micro_batch_size=8, mini_batch_size=4))
-    assert tok_mini == tok_all
+    alone = [_update_grad(policy, batch[k : k + 4], adv[k : k + 4], AlgorithmConfig())[2] for k in (0, 4)]
+    assert tok_mini == sum(alone)  # each mini-batch: its group's prompt once
+    # one mini-batch of both groups: their common system prompt once too (the root prefix)
+    assert tok_all < tok_mini

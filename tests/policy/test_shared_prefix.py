@@ -135,8 +135,39 @@ def test_clusters_with_different_prefix_lengths_share_one_prefix_forward(make_po
         _assert_same(policy, _ragged(mixed))
     finally:
         hook.remove()
-    # plain: 1 forward; shared: 1 prefix forward [2, P_max] + 1 suffix forward [5, S_max]
-    assert calls[0][0] == 5 and [c[0] for c in calls[1:]] == [2, 5]
+    # plain: 1 forward; shared: 1 root forward [1, R] of the text both clusters' prompts open with (their
+    # system prompts' common start), 1 prefix forward [2, P_max - R] after its cache, 1 suffix forward [5, S_max]
+    p_max = max(c.prefix_len for c in clusters)
+    assert calls[0][0] == 5 and [c[0] for c in calls[1:]] == [1, 2, 5]
+    r = calls[1][1]
+    assert 16 <= r < min(c.prefix_len for c in clusters) and calls[2][1] == p_max - r
+    assert mixed[0].input_ids[:r] == mixed[1].input_ids[:r] and mixed[0].input_ids[r] != mixed[1].input_ids[r]
+    # FSDP ranks must run the same forwards: uniform_forwards never adds the root's
+    calls.clear()
+    hook = policy.hf_model.get_input_embeddings().register_forward_hook(lambda m, a, o: calls.append(tuple(a[0].shape)))
+    try:
+        _assert_same(policy, _ragged(mixed), uniform_forwards=True)
+    finally:
+        hook.remove()
+    assert [c[0] for c in calls[1:]] == [2, 5]
+
+
+def test_root_prefix_is_cut_before_the_first_image():
+    """Two groups of one env share their system prompt up to the image: the root stops at its placeholder."""
+    from types import SimpleNamespace
+
+    from rlkit.policy.logprobs import MIN_ROOT_PREFIX, PrefixCluster, _root_prefix_len
+
+    img, n = 9, MIN_ROOT_PREFIX + 4
+    ids = torch.tensor([[*range(10, 10 + n), img, img, 1, 2, 3], [*range(10, 10 + n), img, img, 4, 5, 6]])
+    batch = SimpleNamespace(input_ids=ids)
+    clusters = [PrefixCluster([0], 24, 1), PrefixCluster([1], 24, 1)]
+    assert _root_prefix_len(batch, clusters, {img}) == n
+    assert _root_prefix_len(batch, clusters[:1], {img}) == 0  # one cluster: its prefix forward is the root
+    short = torch.tensor([[*range(10, 20), img, 1], [*range(10, 20), img, 2]])
+    assert _root_prefix_len(SimpleNamespace(input_ids=short), clusters, {img}) == 0  # 10 < MIN_ROOT_PREFIX tokens
+    ids[1, 3] = 99  # the texts part at token 3
+    assert _root_prefix_len(batch, clusters, {img}) == 0
 
 
 def test_trajectory_images_are_not_copied_for_the_prefix_search(make_policy):
