@@ -55,6 +55,15 @@ class AlgorithmConfig:
     screening_samples: int = 0
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28  # DAPO clip-higher
+    # Decoupled PPO (Fu et al. 2025, "AReaL", section 5.2), for samples drawn by an older policy
+    # (backend.one_step_off_policy): the ratio is clipped against the proximal policy (the weights at the
+    # start of the update) instead of the sampling one, and each token's term is weighted by
+    # pi_prox / pi_sampling. Needs one optimizer step an update (update_epochs=1, mini_batch_size=null), so
+    # the proximal logprobs are the update's own forward, detached: no extra forward. On-policy samples
+    # get weight 1: the same loss as without it.
+    decoupled_loss: bool = False
+    behav_imp_weight_cap: Optional[float] = None  # decoupled_loss: tokens with pi_prox / pi_sampling above it leave the loss
+
     clip_ratio_c: Optional[float] = None  # dual clip; None = off
     loss_reduction: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum
     kl_coef: float = 0.0  # KL-to-reference loss coefficient; 0 = reference never computed
@@ -79,6 +88,12 @@ class AlgorithmConfig:
     # full-sequence forward with FSDP over > 1 rank and with gradient checkpointing (see
     # rlkit.update). SkyRL computes its own forward; this switch does not apply there.
     shared_prefix: bool = True
+    # Identical samples run once (native backends): samples of a group with the same tokens, sampling
+    # logprobs, advantage and images have the same loss terms, so the update runs one of them weighted by
+    # their number (rlkit.update.identical_samples). Same loss and gradients within float rounding; on the
+    # CPU default 64 samples a step were 20-28 distinct ones. The metric policy/distinct_fraction shows the
+    # share. SkyRL computes its own forward; this switch does not apply there.
+    dedup_identical_samples: bool = True
     max_grad_norm: float = 1.0  # 0 = no clipping (the norm is still logged)
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -305,6 +320,7 @@ RANGES: dict[str, Range] = {
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
     "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
     "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),
+    "algorithm.behav_imp_weight_cap": Range(1, lo_open=True, none=True, note="null = no cap"),
     "algorithm.loss_reduction": Range(choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")),
     "algorithm.kl_coef": Range(0, note="0 = no KL term, the reference is never computed"),
     "algorithm.kl_estimator": Range(choices=("k1", "k2", "k3")),

@@ -201,8 +201,69 @@ def order_by_group(trajs: list[Trajectory], batch: list[int]) -> list[int]:
     return sorted(batch, key=lambda i: first[getattr(trajs[i], "group", None)])
 
 
+def identical_samples(trajs: list[Trajectory], batch: list[int],
+                      advantages: torch.Tensor | None = None) -> list[tuple[int, int]]:
+    """``batch`` (trajectory indices) with identical samples collapsed: (first index, count) per distinct
+    sample, in order of first appearance (so groups contiguous in ``batch`` stay contiguous).
+
+    Two samples are identical when they belong to the same group and have the same tokens, loss mask,
+    sampling logprobs (bitwise), truncation count, advantage (``advantages`` [N], when given) and images
+    (pixel values and grids): their logprobs, ratios and loss terms are then the same function of the
+    weights, so one forward weighted by the count gives the loss and gradient of all of them
+    (``micro_batch_loss``'s ``counts``). A nearly deterministic policy samples the same plan several
+    times a group: on the CPU default the 64 kept samples of a step were 20-28 distinct ones early in
+    training (docs/speed.md).
+    """
+    firsts: dict[tuple, list[int]] = {}
+    counts: dict[int, int] = {}
+    for i in batch:
+        t = trajs[i]
+        key = (getattr(t, "group", None), tuple(t.input_ids), tuple(t.loss_mask), tuple(t.sampling_logprobs),
+               getattr(t, "num_truncated_turns", 0), None if advantages is None else float(advantages[i]))
+        reps = firsts.setdefault(key, [])
+        rep = next((r for r in reps if _same_images(trajs[r], t)), None)
+        if rep is None:
+            reps.append(i)
+            counts[i] = 1
+        else:
+            counts[rep] += 1
+    return list(counts.items())
+
+
+def _same_images(a: Trajectory, b: Trajectory) -> bool:
+    """Whether two trajectories carry the same processed images (pixel values and grids, in order)."""
+    if len(a.image_inputs) != len(b.image_inputs):
+        return False
+    for x, y in zip(a.image_inputs, b.image_inputs):
+        if x is y:
+            continue
+        for name in ("pixel_values", "image_grid_thw"):
+            u, v = _field(x, name), _field(y, name)
+            if (u is None) != (v is None):
+                return False
+            if u is not None:
+                u, v = torch.as_tensor(u), torch.as_tensor(v)
+                if u.shape != v.shape or not torch.equal(u, v):
+                    return False
+    return True
+
+
+def _field(image: Any, name: str) -> Any:
+    return image.get(name) if isinstance(image, dict) else getattr(image, name, None)
+
+
+def collapse_batch(trajs: list[Trajectory], batch: list[int], advantages: torch.Tensor,
+                   cfg: AlgorithmConfig) -> list[tuple[int, int]]:
+    """The (index, count) pairs the update runs for ``batch``: ``identical_samples`` under
+    ``cfg.dedup_identical_samples``, else every index with count 1."""
+    if cfg.dedup_identical_samples:
+        return identical_samples(trajs, batch, advantages)
+    return [(i, 1) for i in batch]
+
+
 def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tensor, cfg: AlgorithmConfig,
                      temperature: float, shared_prefix: bool | None = None, uniform_forwards: bool = False,
+                     counts: torch.Tensor | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The unweighted GRPO loss of one micro-batch: clipped policy loss (+ KL to the reference when
     ``kl_coef > 0``, - entropy bonus when ``entropy_coef > 0``) under ``cfg.loss_reduction``.
@@ -211,8 +272,11 @@ def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tens
     shared_prefix: run each group's common prefix once (module doc); None = use_shared_prefix.
     uniform_forwards: with shared_prefix, every row runs the prefix + suffix forwards, a row alone
     too (rlkit.policy.logprobs.compute_logprobs_shared_prefix; what FSDP ranks need).
-    Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, detached
-    diagnostics: clip_fraction, approx_kl, ratio_*, entropy, pg_loss, loss[, kl]).
+    counts: [n] how many identical samples each row stands for (``identical_samples``); the loss and
+    diagnostics are those of the micro-batch with row i repeated counts[i] times. None = 1 each.
+    Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, multiplied by
+    counts when given (its sum is the policy tokens the rows stand for), detached diagnostics:
+    clip_fraction, approx_kl, ratio_*, entropy, pg_loss, loss[, kl]).
     """
     if shared_prefix is None:
         shared_prefix = use_shared_prefix(policy, cfg)
@@ -224,23 +288,28 @@ def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tens
     mask = to_tensor([t.loss_mask for t in seqs], torch.float32).to(device)  # [n, T]
     old = to_tensor([t.sampling_logprobs for t in seqs], torch.float32).to(device)  # [n, T]
     adv = advantages.to(device=device, dtype=torch.float32)  # [n]
+    w = None if counts is None else counts.to(device=device, dtype=torch.float32)  # [n]
     loss, diag = grpo.policy_loss(
         logprobs, old, adv, mask,
         eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
-        clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction,
+        clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction, seq_weights=w,
+        # decoupled PPO: the proximal policy is the weights this forward ran with (one optimizer step an
+        # update, checked by the backends), so its logprobs are these, detached
+        prox_logprobs=logprobs.detach() if cfg.decoupled_loss else None,
+        behav_imp_weight_cap=cfg.behav_imp_weight_cap,
     )
-    ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction)
+    ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction, w)
     total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss
     if cfg.kl_coef > 0:
         with torch.no_grad(), policy.reference():
             ref_logprobs, _ = policy.logprobs(seqs, temperature=temperature, with_entropy=False, **extra)
-        kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction)
+        kl = grpo.aggregate_loss(grpo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), mask, cfg.loss_reduction, w)
         total = total + cfg.kl_coef * kl
         diag["kl"] = kl.detach()
     diag["loss"] = total.detach()
     diag["pg_loss"] = loss.detach()
     diag["entropy"] = ent.detach()
-    return total, mask, diag
+    return total, (mask if w is None else mask * w.unsqueeze(-1)), diag
 
 
 def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tensor, batch: list[int],
@@ -255,11 +324,14 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
     shared = use_shared_prefix(policy, cfg)
     if shared:
         batch = order_by_group(trajs, batch)  # whole groups per micro-batch; the gradient is order-free
-    for start in range(0, len(batch), micro):
-        idx = batch[start : start + micro]
+    units = collapse_batch(trajs, batch, advantages, cfg)  # (index, count): identical samples run once
+    for start in range(0, len(units), micro):
+        idx = [i for i, _ in units[start : start + micro]]
+        counts = torch.tensor([c for _, c in units[start : start + micro]], dtype=torch.float32)  # [n]
         seqs = [trajs[i] for i in idx]
-        total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature, shared_prefix=shared)
-        weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (len(idx) / total_seqs)
+        total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature, shared_prefix=shared,
+                                             counts=counts)
+        weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (float(counts.sum()) / total_seqs)
         (total * weight).backward()
         if on_backward is not None:
             on_backward()
@@ -268,6 +340,7 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
                 diag_sums[k] = max(diag_sums.get(k, float("-inf")), float(v))
             else:
                 diag_sums[k] = diag_sums.get(k, 0.0) + float(v) * weight
+    diag_sums["distinct_fraction"] = len(units) / max(total_seqs, 1)
     return {
         ("policy/clip_ratio" if k == "clip_fraction" else f"policy/{k}"): v for k, v in diag_sums.items()
     }

@@ -4,6 +4,7 @@
     python scripts/bench_update.py --sizes issue15   # issue 15's workload: text 256 x 4 layers (head_dim 64),
                                                      # vision 128 x 2, patch 16, 49 image tokens
     python scripts/bench_update.py --reps 7 --micro-batch 16 --kl-coef 0.1
+    python scripts/bench_update.py --compare dedup --distinct 3   # identical samples run once, or each of them
 
 Workload: ``--groups`` maze-like prompts (system + one maze image + text, built with the policy's chat
 format), ``--group-size`` samples each; every sample is the prompt plus a random completion of
@@ -16,6 +17,11 @@ micro-batch size unless --micro-batch). One torch thread unless --threads. The t
 plus the largest difference of the update's loss between the variants (equal within float32 rounding).
 
 Last line: ``update: shared-prefix X s vs plain Y s (Zx)``.
+
+``--compare dedup``: each group's samples are ``--distinct`` different completions, repeated (a nearly
+deterministic policy: the CPU default's 8 samples a group were 2-4 distinct plans); the variants are
+``algorithm.dedup_identical_samples`` true vs false, both with the shared-prefix forward. Last line:
+``update: dedup X s vs every sample Y s (Zx; D of N samples distinct)``.
 """
 
 from __future__ import annotations
@@ -62,10 +68,16 @@ def build_batch(policy, args) -> tuple[list[Trajectory], torch.Tensor]:
     trajs = []
     for g in range(args.groups):
         turn = chat.user_turn(PROMPT, [maze_image(g)], system=SYSTEM, first=True)
-        for _ in range(args.group_size):
+        completions: list[list[int]] = []
+        for k in range(args.group_size):
+            if args.distinct and k >= args.distinct:  # a repeat of one of the group's distinct completions
+                completions.append(completions[k % args.distinct])
+                continue
             spread = max(args.new_tokens // 4, 0)
             n = args.new_tokens + int(torch.randint(-spread, spread + 1, (1,), generator=gen))
-            completion = allowed[torch.randint(len(allowed), (max(n, 1),), generator=gen)].tolist() + [chat.im_end_id]
+            completions.append(allowed[torch.randint(len(allowed), (max(n, 1),), generator=gen)].tolist()
+                               + [chat.im_end_id])
+        for completion in completions:
             ids = list(turn.input_ids) + completion
             mask = [0] * len(turn.input_ids) + [1] * len(completion)
             trajs.append(Trajectory(ids, mask, [0.0] * len(ids), list(turn.image_inputs), episode=None, group=g,
@@ -76,7 +88,12 @@ def build_batch(policy, args) -> tuple[list[Trajectory], torch.Tensor]:
             lp, _ = policy.logprobs(chunk, with_entropy=False)  # [n, T]
             for t, row in zip(chunk, lp):
                 t.sampling_logprobs = [v if m else 0.0 for v, m in zip(row[: len(t.input_ids)].tolist(), t.loss_mask)]
+    firsts: dict[tuple, Trajectory] = {}
+    for t in trajs:  # a repeat carries its original's logprobs, as a sampler's identical samples do
+        t.sampling_logprobs = firsts.setdefault((t.group, tuple(t.input_ids)), t).sampling_logprobs
     adv = torch.randn(len(trajs), generator=gen)  # [N]
+    for k, t in enumerate(trajs):  # one reward an episode: identical samples get the same advantage
+        adv[k] = adv[trajs.index(firsts[(t.group, tuple(t.input_ids))])]
     return trajs, adv
 
 
@@ -93,6 +110,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--cache-dir", default=None, help="tiny checkpoint cache (default: a temp dir)")
+    ap.add_argument("--compare", choices=["shared_prefix", "dedup"], default="shared_prefix",
+                    help="the two variants timed: shared-prefix vs plain forward, or identical samples run once vs each")
+    ap.add_argument("--distinct", type=int, default=0,
+                    help="distinct completions a group (the rest repeat them); 0 = every sample distinct")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     algo_yaml = OmegaConf.load(ROOT / "conf" / "algorithm" / "grpo.yaml")
@@ -113,9 +134,11 @@ def main() -> None:
     opt = torch.optim.SGD(params, lr=0.0)
     times: dict[bool, list[float]] = {False: [], True: []}
     losses: dict[bool, list[float]] = {False: [], True: []}
+    dedup = args.compare == "dedup"
     for r in range(args.warmup + args.reps):
-        for shared in ((False, True) if r % 2 == 0 else (True, False)):
-            cfg = AlgorithmConfig(shared_prefix=shared, micro_batch_size=args.micro_batch,
+        for shared in ((False, True) if r % 2 == 0 else (True, False)):  # True: the faster variant under test
+            cfg = AlgorithmConfig(shared_prefix=shared or dedup, dedup_identical_samples=shared if dedup else True,
+                                  micro_batch_size=args.micro_batch,
                                   loss_reduction=args.loss_reduction, kl_coef=args.kl_coef, max_grad_norm=1e9)
             t0 = time.perf_counter()
             m = grpo_update(policy, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(r))
@@ -125,9 +148,17 @@ def main() -> None:
                 losses[shared].append(m["policy/loss"])
     plain, shared = statistics.median(times[False]), statistics.median(times[True])
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
-    print(f"rounds: plain {', '.join(f'{t:.2f}' for t in times[False])} s; "
-          f"shared-prefix {', '.join(f'{t:.2f}' for t in times[True])} s; max |loss difference| {diff:.2e}")
-    print(f"update: shared-prefix {shared:.2f} s vs plain {plain:.2f} s ({plain / shared:.1f}x)")
+    fast, slow = ("dedup", "every sample") if dedup else ("shared-prefix", "plain")
+    print(f"rounds: {slow} {', '.join(f'{t:.2f}' for t in times[False])} s; "
+          f"{fast} {', '.join(f'{t:.2f}' for t in times[True])} s; max |loss difference| {diff:.2e}")
+    tail = ""
+    if dedup:
+        from rlkit.update import identical_samples
+
+        tail = f"; {len(identical_samples(trajs, list(range(len(trajs))), adv))} of {len(trajs)} samples distinct"
+        print(f"update: dedup {shared:.2f} s vs every sample {plain:.2f} s ({plain / shared:.1f}x{tail})")
+    else:
+        print(f"update: shared-prefix {shared:.2f} s vs plain {plain:.2f} s ({plain / shared:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def test_every_typed_field_has_a_rule():
     from rlkit.config import AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig
 
     free = {"algorithm.name", "algorithm.norm_adv_by_std", "algorithm.filter_zero_variance_groups",
-            "algorithm.dynamic_sampling_adaptive_batch",
+            "algorithm.dynamic_sampling_adaptive_batch", "algorithm.decoupled_loss", "algorithm.dedup_identical_samples",
             "algorithm.overlong_filtering",
             "algorithm.adam_betas", "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
             "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",

@@ -112,6 +112,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.screening_samples=2", "screening needs 2 <= screening_samples < group_size=2"),  # smoke: G=2
     # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
     ("algorithm.dynamic_sampling_adaptive_batch=true", "it needs algorithm.dynamic_sampling_max_rounds > 0"),
+    ("algorithm.behav_imp_weight_cap=5", "caps the decoupled loss's importance weights"),  # without decoupled_loss
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

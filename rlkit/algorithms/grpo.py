@@ -94,7 +94,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return total / count.clamp(min=1.0)
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, reduction: LossReduction,
+                   seq_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a per-token loss [N, T] over the policy tokens ``mask`` [N, T] to a scalar.
 
     token_mean: sum over all masked tokens / number of masked tokens.
@@ -102,11 +103,16 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, reduction: LossR
         have at least one masked token.
     seq_mean_token_sum: per sequence sum over its masked tokens, then mean over those sequences.
 
+    seq_weights: [N] how many sequences each row stands for (rlkit.update.identical_samples: k identical
+    samples run once); every reduction then equals its value over the batch with row i repeated
+    seq_weights[i] times. None = 1 each.
+
     Raises: ValueError on an unknown reduction.
     """
     m = mask.to(per_token.dtype)
+    w = None if seq_weights is None else seq_weights.to(device=per_token.device, dtype=per_token.dtype)
     if reduction == "token_mean":
-        return masked_mean(per_token, m)
+        return masked_mean(per_token, m if w is None else m * w.unsqueeze(-1))
     has_tokens = m.sum(dim=1) > 0  # [N]
     if reduction == "seq_mean_token_mean":
         per_seq = (per_token * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # [N]
@@ -118,7 +124,9 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, reduction: LossR
         )
     if not bool(has_tokens.any()):
         return per_token.sum() * 0.0
-    return per_seq[has_tokens].mean()
+    if w is None:
+        return per_seq[has_tokens].mean()
+    return (per_seq * w)[has_tokens].sum() / w[has_tokens].sum()
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
@@ -149,6 +157,9 @@ def policy_loss(
     eps_clip_high: float = 0.2,
     clip_ratio_c: float | None = None,
     reduction: LossReduction = "token_mean",
+    seq_weights: torch.Tensor | None = None,
+    prox_logprobs: torch.Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient (PPO surrogate) loss over policy tokens.
 
@@ -160,12 +171,24 @@ def policy_loss(
         eps_clip_low, eps_clip_high: ratio clipped to [1 - low, 1 + high] (DAPO clip-higher).
         clip_ratio_c: dual-clip constant (> 1) or None; bounds the loss of negative advantages.
         reduction: see ``aggregate_loss``.
+        seq_weights: [N] sequences each row stands for (see ``aggregate_loss``); the loss and the
+            diagnostics equal those of the batch with row i repeated seq_weights[i] times. None = 1 each.
+        prox_logprobs: [N, T] the proximal policy's log-probabilities (no grad), for the decoupled PPO
+            objective of asynchronous training (Fu et al. 2025, "AReaL", section 5.2): the ratio is taken
+            against the proximal policy, ``ratio = pi / pi_prox``, and each token's clipped term is
+            multiplied by the behaviour importance weight ``w = pi_prox / pi_behav`` (``old_logprobs``
+            being the behaviour policy's, detached). On-policy (prox == old) it is the plain loss.
+            None = the plain loss, the ratio against ``old_logprobs``.
+        behav_imp_weight_cap: with prox_logprobs, tokens whose w exceeds it leave the loss (mask 0;
+            AReaL's ``behav_imp_weight_cap``). None = no cap.
 
     Returns:
         (loss scalar, diagnostics) where diagnostics holds detached scalars:
         clip_fraction (share of policy tokens where the clipped branch was taken),
         approx_kl (mean of the k3 estimate of KL(old || new) over policy tokens, CleanRL's
-        ``approx_kl``), ratio_mean, ratio_max, dual_clip_fraction.
+        ``approx_kl``; with prox_logprobs, KL(prox || new)), ratio_mean, ratio_max, dual_clip_fraction;
+        with prox_logprobs also behav_weight_mean, behav_weight_max (over the policy tokens before
+        the cap) and behav_capped_fraction.
 
     Raises: ValueError if clip_ratio_c is set and <= 1.
     """
@@ -173,7 +196,24 @@ def policy_loss(
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
     adv = advantages.unsqueeze(-1) if advantages.ndim == 1 else advantages  # [N, 1] or [N, T]
     adv = adv.to(logprobs.dtype)
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # [N, T]
+    behav_weight = None
+    extra: dict[str, torch.Tensor] = {}
+    if prox_logprobs is not None:  # decoupled PPO: clip against the proximal policy, reweight to the behaviour one
+        prox = prox_logprobs.detach().to(logprobs.dtype)
+        behav_weight = (prox - old_logprobs).clamp(-20.0, 20.0).exp()  # [N, T] pi_prox / pi_behav
+        w_mask = mask.to(logprobs.dtype) * (1.0 if seq_weights is None else
+                                            seq_weights.to(device=mask.device, dtype=logprobs.dtype).unsqueeze(-1))
+        with torch.no_grad():
+            capped = (behav_weight > behav_imp_weight_cap).to(logprobs.dtype) if behav_imp_weight_cap else \
+                torch.zeros_like(behav_weight)
+            extra = {"behav_weight_mean": masked_mean(behav_weight, w_mask),
+                     "behav_weight_max": behav_weight[w_mask > 0].max() if bool(w_mask.any()) else
+                     behav_weight.new_tensor(1.0),
+                     "behav_capped_fraction": masked_mean(capped, w_mask)}
+        mask = mask.to(logprobs.dtype) * (1.0 - capped)
+        log_ratio = (logprobs - prox).clamp(-20.0, 20.0)  # [N, T]
+    else:
+        log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # [N, T]
     ratio = log_ratio.exp()  # [N, T]
     unclipped = -adv * ratio  # [N, T]
     clipped = -adv * ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high)  # [N, T]
@@ -186,8 +226,12 @@ def policy_loss(
         neg = (adv < 0).expand_as(per_token)
         dual_taken = (neg & (bound < per_token)).float()
         per_token = torch.where(neg, dual, per_token)
-    loss = aggregate_loss(per_token, mask, reduction)
+    if behav_weight is not None:
+        per_token = per_token * behav_weight
+    loss = aggregate_loss(per_token, mask, reduction, seq_weights)
     m = mask.to(per_token.dtype)
+    if seq_weights is not None:  # token averages count row i seq_weights[i] times
+        m = m * seq_weights.to(device=m.device, dtype=m.dtype).unsqueeze(-1)
     with torch.no_grad():
         approx_kl = masked_mean(ratio - 1.0 - log_ratio, m)  # k3 of KL(old || new)
         diagnostics = {
@@ -195,6 +239,7 @@ def policy_loss(
             "dual_clip_fraction": masked_mean(dual_taken, m),
             "approx_kl": approx_kl,
             "ratio_mean": masked_mean(ratio, m),
-            "ratio_max": (ratio * m + (m - 1.0) * 1e9).max() if bool(m.any()) else ratio.new_tensor(1.0),
+            "ratio_max": ratio[m > 0].max() if bool(m.any()) else ratio.new_tensor(1.0),
         }
+    diagnostics.update(extra)
     return loss, {k: v.detach() for k, v in diagnostics.items()}

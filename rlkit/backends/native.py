@@ -213,6 +213,13 @@ class NativeRun:
             problems.append("algorithm.dynamic_sampling_adaptive_batch=true sizes dynamic sampling's rounds: it needs "
                             "algorithm.dynamic_sampling_max_rounds > 0 and algorithm.screening_samples=0 (screening "
                             "sizes its own rounds); set those, or dynamic_sampling_adaptive_batch=false")
+        if self.algo.decoupled_loss and (self.algo.update_epochs != 1 or self.algo.mini_batch_size is not None):
+            problems.append("algorithm.decoupled_loss=true takes the proximal policy from the update's own forward, "
+                            "so it needs one optimizer step an update: set algorithm.update_epochs=1 and "
+                            "algorithm.mini_batch_size=null, or decoupled_loss=false")
+        if self.algo.behav_imp_weight_cap is not None and not self.algo.decoupled_loss:
+            problems.append(f"algorithm.behav_imp_weight_cap={self.algo.behav_imp_weight_cap} caps the decoupled "
+                            "loss's importance weights: set algorithm.decoupled_loss=true, or the cap to null")
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))

@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
-from rlkit.update import kept_sequences, micro_batch_loss, minibatches, order_by_group
+from rlkit.update import collapse_batch, kept_sequences, micro_batch_loss, minibatches, order_by_group
 
 
 @dataclass
@@ -60,6 +60,8 @@ class RankStep:
     filler: a sequence of the mini-batch run with weight 0 when this rank has fewer micro-batches.
     total_tokens: policy tokens of the whole mini-batch (all ranks). total_seqs: its sequences.
     num_micro: micro-batches every rank runs for this mini-batch.
+    counts: how many identical samples each of ``indices`` stands for (rlkit.update.identical_samples);
+    empty = 1 each.
     """
 
     indices: list[int]
@@ -67,6 +69,7 @@ class RankStep:
     total_tokens: int
     total_seqs: int
     num_micro: int
+    counts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -137,12 +140,15 @@ def plan_update(
         for batch in minibatches(trajectories, keep, mini, generator):
             if cfg.shared_prefix:  # as grpo_update: whole groups per micro-batch (and per rank's share)
                 batch = order_by_group(trajectories, batch)
-            shares = split_even(batch, world_size)
+            units = collapse_batch(trajectories, batch, advantages, cfg)  # identical samples run once
+            shares = split_even(units, world_size)
             total_tokens = sum(trajectories[i].num_policy_tokens for i in batch)
             num_micro = max(math.ceil(len(s) / micro) for s in shares)
-            for r, share in enumerate(shares):
+            for r, units_r in enumerate(shares):
+                share = [i for i, _ in units_r]
                 filler = share[0] if share else batch[0]
-                payloads[r].steps.append(RankStep(list(share), filler, total_tokens, len(batch), num_micro))
+                payloads[r].steps.append(RankStep(share, filler, total_tokens, len(batch), num_micro,
+                                                  [c for _, c in units_r]))
                 for i in [*share, filler]:
                     payloads[r].trajectories[i] = trajectories[i]
                     payloads[r].advantages[i] = float(advantages[i])
@@ -190,17 +196,20 @@ def sharded_grpo_update(
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         with_demos = bool(payload.demonstrations) and demo_nll is None
+        step_counts = step.counts or [1] * len(step.indices)
         chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
+        count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
         for m in range(step.num_micro):
             is_filler = m >= len(chunks)
             idx = [step.filler] if is_filler else chunks[m]
+            counts = torch.tensor([1] if is_filler else count_chunks[m], dtype=torch.float32)  # [n]
             seqs = [payload.trajectories[i] for i in idx]
             _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
             root.set_requires_gradient_sync(m == step.num_micro - 1 and not with_demos)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
             share = shared and _same_forwards(policy, seqs)
             total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
-                                                 uniform_forwards=_world() > 1)
+                                                 uniform_forwards=_world() > 1, counts=counts)
             n_micro += 1
             n_shared += int(share)
             if is_filler:
@@ -208,7 +217,7 @@ def sharded_grpo_update(
             elif token_level:
                 weight = float(mask.sum()) / max(step.total_tokens, 1)
             else:
-                weight = len(idx) / step.total_seqs
+                weight = float(counts.sum()) / step.total_seqs
             (total * weight).backward()
             for k, v in diag.items():
                 if k.endswith("_max"):
@@ -225,6 +234,7 @@ def sharded_grpo_update(
             )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sums["distinct_fraction"] = len(step.indices) / max(step.total_seqs, 1)  # summed over the ranks
         stats = _all_reduce_stats(sums, maxes)
         stats["grad_norm"] = grad_norm
         for k, v in stats.items():

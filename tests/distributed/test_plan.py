@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -12,10 +13,16 @@ from rlkit.distributed.runtime import RaySettings
 from rlkit.distributed.update import plan_update, split_even
 
 
+_uid = itertools.count()
+
+
 @dataclass
 class _Traj:
     tokens: int
     image_inputs: tuple = ()
+    input_ids: list = field(default_factory=lambda: [next(_uid)])  # every sample distinct
+    loss_mask: list = field(default_factory=lambda: [1])
+    sampling_logprobs: list = field(default_factory=lambda: [0.0])
 
     @property
     def num_policy_tokens(self) -> int:

@@ -389,6 +389,10 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             "only in the native backends; set it to 0 (SkyRL has its own, trainer.algorithm.dynamic_sampling, "
             "which rlkit does not map)"
         )
+    if algo.decoupled_loss or algo.behav_imp_weight_cap is not None:
+        problems.append("algorithm.decoupled_loss / behav_imp_weight_cap: rlkit's decoupled PPO loss runs only in the "
+                        "native backends (SkyRL computes its own loss); set decoupled_loss=false and "
+                        "behav_imp_weight_cap=null")
     if algo.dynamic_sampling_adaptive_batch:
         problems.append("algorithm.dynamic_sampling_adaptive_batch=true: rlkit's dynamic sampling runs only in the "
                         "native backends; set it to false")
