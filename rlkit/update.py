@@ -24,7 +24,15 @@ independent of that order, and a micro-batch then holds whole groups as far as
 part. Where it does not apply, the update uses the full-sequence forward: sequences without a
 common prefix (a group of one, or a first image that differs) inside the shared-prefix call, and the
 whole call under gradient checkpointing (which drops the KV cache in training) and FSDP over more
-than one rank (rlkit.distributed.update: ranks must run the same number of forwards).
+than one rank (rlkit.distributed.update: ranks must run the same number of forwards). Within the
+shared-prefix forward the text every group of a micro-batch opens with (the system prompt, before the
+first image) runs once more coarsely still: rlkit.policy.logprobs' root prefix.
+
+Identical samples (``algorithm.dedup_identical_samples``, default on): samples of a group with the same
+tokens, sampling logprobs, advantage and images (``identical_samples``) run once, each weighted by how
+many it stands for in every reduction (rlkit.algorithms.grpo ``seq_weights``), so the loss, gradient and
+diagnostics are those of the whole batch within float rounding. Micro-batches are cut over the distinct
+samples; ``policy/distinct_fraction`` logs their share.
 """
 
 from __future__ import annotations
