@@ -62,7 +62,7 @@ class AlgorithmConfig:
     # the proximal logprobs are the update's own forward, detached: no extra forward. On-policy samples
     # get weight 1: the same loss as without it.
     decoupled_loss: bool = False
-    behav_imp_weight_cap: Optional[float] = None  # decoupled_loss: tokens with pi_prox / pi_sampling above it leave the loss
+    behav_imp_weight_cap: Optional[float] = None  # decoupled_loss: tokens with pi_prox / pi_sampling above it weigh 0
 
     clip_ratio_c: Optional[float] = None  # dual clip; None = off
     loss_reduction: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum

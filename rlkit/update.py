@@ -339,15 +339,16 @@ def _minibatch_step(policy: Any, trajs: list[Trajectory], advantages: torch.Tens
         seqs = [trajs[i] for i in idx]
         total, mask, diag = micro_batch_loss(policy, seqs, advantages[idx], cfg, temperature, shared_prefix=shared,
                                              counts=counts)
-        weight = (float(mask.sum()) / max(total_tokens, 1)) if token_level else (float(counts.sum()) / total_seqs)
+        token_share = float(mask.sum()) / max(total_tokens, 1)
+        weight = token_share if token_level else (float(counts.sum()) / total_seqs)
         (total * weight).backward()
         if on_backward is not None:
             on_backward()
         for k, v in diag.items():
             if k.endswith("_max"):
                 diag_sums[k] = max(diag_sums.get(k, float("-inf")), float(v))
-            else:
-                diag_sums[k] = diag_sums.get(k, 0.0) + float(v) * weight
+            else:  # token averages by the token share, reductions by the loss's weight
+                diag_sums[k] = diag_sums.get(k, 0.0) + float(v) * (token_share if k in grpo.TOKEN_DIAGNOSTICS else weight)
     diag_sums["distinct_fraction"] = len(units) / max(total_seqs, 1)
     return {
         ("policy/clip_ratio" if k == "clip_fraction" else f"policy/{k}"): v for k, v in diag_sums.items()

@@ -148,6 +148,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
+#: policy_loss's diagnostics that are averages over policy tokens (the others are maxima or reductions):
+#: an update sums them over micro-batches weighted by each one's share of the tokens, whatever the loss
+#: reduction, so they do not depend on how a batch is cut.
+TOKEN_DIAGNOSTICS = frozenset({"clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean",
+                               "behav_weight_mean", "behav_capped_fraction"})
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -179,8 +186,9 @@ def policy_loss(
             multiplied by the behaviour importance weight ``w = pi_prox / pi_behav`` (``old_logprobs``
             being the behaviour policy's, detached). On-policy (prox == old) it is the plain loss.
             None = the plain loss, the ratio against ``old_logprobs``.
-        behav_imp_weight_cap: with prox_logprobs, tokens whose w exceeds it leave the loss (mask 0;
-            AReaL's ``behav_imp_weight_cap``). None = no cap.
+        behav_imp_weight_cap: with prox_logprobs, tokens whose w exceeds it get weight 0; they still
+            count in the reduction's token and sequence counts, so the loss does not depend on how a
+            batch is cut into micro-batches (AReaL's ``behav_imp_weight_cap``). None = no cap.
 
     Returns:
         (loss scalar, diagnostics) where diagnostics holds detached scalars:
@@ -210,7 +218,7 @@ def policy_loss(
                      "behav_weight_max": behav_weight[w_mask > 0].max() if bool(w_mask.any()) else
                      behav_weight.new_tensor(1.0),
                      "behav_capped_fraction": masked_mean(capped, w_mask)}
-        mask = mask.to(logprobs.dtype) * (1.0 - capped)
+        behav_weight = behav_weight * (1.0 - capped)  # capped tokens weigh 0 and stay in the token count (AReaL)
         log_ratio = (logprobs - prox).clamp(-20.0, 20.0)  # [N, T]
     else:
         log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # [N, T]

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlkit.algorithms.grpo import TOKEN_DIAGNOSTICS
 from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
 from rlkit.update import collapse_batch, kept_sequences, micro_batch_loss, minibatches, order_by_group
@@ -212,18 +213,19 @@ def sharded_grpo_update(
                                                  uniform_forwards=_world() > 1, counts=counts)
             n_micro += 1
             n_shared += int(share)
+            token_share = 0.0 if is_filler else float(mask.sum()) / max(step.total_tokens, 1)
             if is_filler:
                 weight = 0.0
             elif token_level:
-                weight = float(mask.sum()) / max(step.total_tokens, 1)
+                weight = token_share
             else:
                 weight = float(counts.sum()) / step.total_seqs
             (total * weight).backward()
             for k, v in diag.items():
                 if k.endswith("_max"):
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
-                else:
-                    sums[k] = sums.get(k, 0.0) + float(v) * weight
+                else:  # token averages by the token share, reductions by the loss's weight
+                    sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
         if with_demos:
             demo_nll = _demonstration_backward(policy, root, payload, cfg)
         grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off

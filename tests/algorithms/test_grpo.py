@@ -168,7 +168,7 @@ def test_decoupled_loss_on_policy_is_the_plain_loss():
 def test_decoupled_loss_hand_computed():
     """One optimizer step an update: pi_prox is the current policy, so the ratio is 1 (never clipped) and the
     gradient is the behaviour-weighted policy gradient -A w / n per token, w = pi_prox / pi_behav; a token
-    whose w exceeds the cap leaves the loss and its denominator."""
+    whose w exceeds the cap weighs 0 and stays in the denominator."""
     behav = torch.log(torch.tensor([[0.5, 0.2, 0.4]]))
     cur = torch.log(torch.tensor([[0.9, 0.3, 0.4]])).requires_grad_()
     adv, mask = torch.tensor([2.0]), torch.ones(1, 3)
@@ -180,5 +180,5 @@ def test_decoupled_loss_hand_computed():
     assert float(diag["clip_fraction"]) == 0.0 and float(diag["behav_weight_max"]) == pytest.approx(1.8)
     capped, diag = grpo.policy_loss(cur, behav, adv, mask, prox_logprobs=cur.detach(), behav_imp_weight_cap=1.6)
     (grad,) = torch.autograd.grad(capped, cur)
-    assert torch.allclose(grad, torch.tensor([[0.0, -2.0 * 1.5 / 2, -2.0 / 2]]), atol=1e-6)
+    assert torch.allclose(grad, torch.tensor([[0.0, -2.0 * 1.5 / 3, -2.0 / 3]]), atol=1e-6)  # still over 3 tokens
     assert float(diag["behav_capped_fraction"]) == pytest.approx(1 / 3)

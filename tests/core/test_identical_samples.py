@@ -56,11 +56,17 @@ def test_identical_means_same_group_tokens_logprobs_advantage_and_images(policy,
     assert identical_samples(batch, list(range(6)), adv) == [(0, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
 
 
-def _with_duplicates(policy, env):
+def _with_duplicates(policy, env, off_policy=False):
     """A plan-mode batch of 2 groups of 4 distinct samples, plus copies: sample 0 twice more, sample 5
-    once more (each in its own group, same advantage), so 11 samples are 8 distinct ones."""
+    once more (each in its own group, same advantage), so 11 samples are 8 distinct ones. off_policy:
+    sampling logprobs moved by up to +-0.3, so ratios differ from 1 and some tokens clip."""
     trajs, adv = _batch(policy, env)
     assert len(identical_samples(trajs, list(range(8)), adv)) == 8  # the sampled ones differ
+    if off_policy:
+        g = torch.Generator().manual_seed(5)
+        for t in trajs:
+            noise = (torch.rand(len(t.sampling_logprobs), generator=g) - 0.5) * 0.6
+            t.sampling_logprobs = [v + float(e) if m else v for v, e, m in zip(t.sampling_logprobs, noise, t.loss_mask)]
     extra = [0, 0, 5]
     trajs = trajs + [copy.deepcopy(trajs[i]) for i in extra]
     adv = torch.cat([adv, adv[extra]])
@@ -69,7 +75,7 @@ def _with_duplicates(policy, env):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_update_with_identical_samples_equals_the_update_without_the_merge(policy, plan_env, reduction):
-    trajs, adv = _with_duplicates(policy, plan_env)
+    trajs, adv = _with_duplicates(policy, plan_env, off_policy=True)
     runs = {}
     for dedup in (False, True):
         cfg = AlgorithmConfig(dedup_identical_samples=dedup, loss_reduction=reduction, kl_coef=0.05,
@@ -77,12 +83,14 @@ def test_update_with_identical_samples_equals_the_update_without_the_merge(polic
         runs[dedup] = _update_grad(policy, trajs, adv, cfg)
     (m_all, g_all, tok_all), (m_dedup, g_dedup, tok_dedup) = runs[False], runs[True]
     assert tok_dedup < tok_all  # the copies were not run
+    assert m_all["policy/clip_ratio"] > 0.01 and abs(m_all["policy/ratio_mean"] - 1) > 1e-3  # off-policy enough to tell
     assert m_all["policy/distinct_fraction"] == 1.0
     assert m_dedup["policy/distinct_fraction"] == pytest.approx(8 / 11)
     err = float((g_all - g_dedup).abs().max()) / float(g_all.abs().max())
     assert err < 1e-4, err
     for key in ("policy/loss", "policy/pg_loss", "policy/entropy", "policy/approx_kl", "policy/kl",
-                "policy/clip_ratio", "policy/ratio_mean", "policy/ratio_max", "policy/grad_norm"):
+                "policy/clip_ratio", "policy/dual_clip_fraction", "policy/ratio_mean", "policy/ratio_max",
+                "policy/grad_norm"):
         assert m_dedup[key] == pytest.approx(m_all[key], rel=1e-5, abs=1e-6), key
 
 
@@ -109,3 +117,18 @@ def test_plan_shares_distinct_samples_with_their_counts(policy, plan_env):
     off = plan_update(trajs, adv, AlgorithmConfig(micro_batch_size=2, dedup_identical_samples=False), world_size=2,
                       generator=torch.Generator().manual_seed(0))
     assert sum(len(p.steps[0].indices) for p in off) == 11
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_capped_decoupled_loss_does_not_depend_on_the_micro_batches(policy, plan_env, reduction):
+    """A capped token weighs 0 but stays counted, so the gradient is the same however the batch is cut."""
+    trajs, adv = _with_duplicates(policy, plan_env, off_policy=True)
+    grads = []
+    for micro in (1, 4, 64):
+        cfg = AlgorithmConfig(decoupled_loss=True, behav_imp_weight_cap=1.1, loss_reduction=reduction,
+                              micro_batch_size=micro, max_grad_norm=1e9)
+        metrics, g, _ = _update_grad(policy, trajs, adv, cfg)
+        assert 0 < metrics["policy/behav_capped_fraction"] < 1
+        grads.append(g)
+    for g in grads[1:]:
+        assert float((g - grads[0]).abs().max()) < 1e-4 * float(grads[0].abs().max())
