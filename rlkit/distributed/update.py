@@ -236,7 +236,8 @@ def sharded_grpo_update(
             )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sums["distinct_fraction"] = len(step.indices) / max(step.total_seqs, 1)  # summed over the ranks
+        if step.total_seqs:  # (the same on every rank) not for a step on demonstrations alone, as grpo_update
+            sums["distinct_fraction"] = len(step.indices) / step.total_seqs  # summed over the ranks
         stats = _all_reduce_stats(sums, maxes)
         stats["grad_norm"] = grad_norm
         for k, v in stats.items():
