@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 import unicodedata
 import warnings
 
@@ -43,11 +44,19 @@ _CLOSE = {"(": ")", "[": "]", "{": "}"}
 FAIL = object()  # a group or token literal_eval would not accept
 
 
+#: ``warnings.catch_warnings`` swaps the process-wide filter list and is not thread-safe: two threads
+#: inside it at once can restore each other's filters (leaving "ignore" on, or dropping a caller's
+#: filter). Parsers run on threads (rlkit/serve/play.py plays episodes concurrently), so the calls here
+#: take turns.
+_WARNINGS_LOCK = threading.Lock()
+
+
 def literal_eval_quiet(source: str):
     """``ast.literal_eval(source)``, or ``FAIL`` where it raises; warnings (e.g. invalid escape
-    sequences) are ignored, as with Python's default filters, so the result does not depend on them."""
+    sequences) are ignored, as with Python's default filters, so the result does not depend on them.
+    Thread-safe among its own callers (``_WARNINGS_LOCK``)."""
     try:
-        with warnings.catch_warnings():
+        with _WARNINGS_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return ast.literal_eval(source)
     except Exception:  # noqa: BLE001 - SyntaxError, ValueError, TypeError, MemoryError, RecursionError

@@ -120,3 +120,24 @@ def test_action_after_long_text_and_long_action_groups():
     assert parser.parse("('move', 2)" + " (x)" * 10_000).actions == (2,)
     assert parser.parse("('move', " + "0" * 30_000 + ")").actions == (0,)  # a long spelling of 0
     assert parser.parse("('stop', " + "'' " * 10_000 + "'go')").actions == (4,)
+
+
+def test_literal_eval_quiet_swaps_warning_filters_under_its_lock(monkeypatch):
+    """catch_warnings is process-wide state; concurrent parsers (rlkit/serve/play.py) must take turns in it."""
+    import warnings
+
+    from envs.visgym import literal
+
+    seen = []
+    real = warnings.catch_warnings
+
+    class Recording(real):
+        def __enter__(self):
+            seen.append(literal._WARNINGS_LOCK.locked())
+            return super().__enter__()
+
+    monkeypatch.setattr(literal.warnings, "catch_warnings", Recording)
+    before = list(warnings.filters)
+    assert literal_eval_quiet("('\\d', 1)") == ("\\d", 1)  # an invalid escape: a warning, ignored
+    assert seen == [True] and not literal._WARNINGS_LOCK.locked()
+    assert warnings.filters == before
