@@ -204,13 +204,15 @@ def policy_loss(
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
     adv = advantages.unsqueeze(-1) if advantages.ndim == 1 else advantages  # [N, 1] or [N, T]
     adv = adv.to(logprobs.dtype)
+    # the policy tokens, row i counted seq_weights[i] times: what the token-average diagnostics average over
+    w_mask = mask.to(logprobs.dtype)
+    if seq_weights is not None:
+        w_mask = w_mask * seq_weights.to(device=w_mask.device, dtype=w_mask.dtype).unsqueeze(-1)  # [N, T]
     behav_weight = None
     extra: dict[str, torch.Tensor] = {}
     if prox_logprobs is not None:  # decoupled PPO: clip against the proximal policy, reweight to the behaviour one
         prox = prox_logprobs.detach().to(logprobs.dtype)
         behav_weight = (prox - old_logprobs).clamp(-20.0, 20.0).exp()  # [N, T] pi_prox / pi_behav
-        w_mask = mask.to(logprobs.dtype) * (1.0 if seq_weights is None else
-                                            seq_weights.to(device=mask.device, dtype=logprobs.dtype).unsqueeze(-1))
         with torch.no_grad():
             capped = (behav_weight > behav_imp_weight_cap).to(logprobs.dtype) if behav_imp_weight_cap else \
                 torch.zeros_like(behav_weight)
@@ -237,9 +239,7 @@ def policy_loss(
     if behav_weight is not None:
         per_token = per_token * behav_weight
     loss = aggregate_loss(per_token, mask, reduction, seq_weights)
-    m = mask.to(per_token.dtype)
-    if seq_weights is not None:  # token averages count row i seq_weights[i] times
-        m = m * seq_weights.to(device=m.device, dtype=m.dtype).unsqueeze(-1)
+    m = w_mask.to(per_token.dtype)
     with torch.no_grad():
         approx_kl = masked_mean(ratio - 1.0 - log_ratio, m)  # k3 of KL(old || new)
         diagnostics = {

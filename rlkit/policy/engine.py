@@ -427,7 +427,7 @@ class TransformersEngine:
         states path relies on)."""
         if len(prompts) < 2:
             return None
-        from rlkit.policy.logprobs import _common_prefix_len, model_config
+        from rlkit.policy.logprobs import _common_prefix_len, _vision_token_ids, model_config
 
         ids = [_ids_list(p.input_ids) for p in prompts]
         first = ids[0]
@@ -437,7 +437,7 @@ class TransformersEngine:
                 return None
             cut = min(cut, _common_prefix_len(first[:cut], other[:cut]))
         cfg = model_config(self.policy.model)
-        vision = {int(cfg.image_token_id), int(getattr(cfg, "video_token_id", cfg.image_token_id))}
+        vision = _vision_token_ids(cfg)
         cut = next((j for j in range(cut) if first[j] in vision), cut)
         if cut < self.MIN_SHARED_PROMPT_PREFIX:
             return None

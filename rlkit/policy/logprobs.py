@@ -454,6 +454,7 @@ MIN_ROOT_PREFIX = 16
 
 
 def _vision_token_ids(cfg) -> set[int]:
+    """The image and video placeholder token ids of a model config (the image id twice when there is no video id)."""
     return {int(cfg.image_token_id), int(getattr(cfg, "video_token_id", None) or cfg.image_token_id)}
 
 
@@ -565,8 +566,8 @@ def compute_logprobs_shared_prefix(
     c_n, p_max = len(clusters), max(c.prefix_len for c in clusters)
     r_len = 0 if uniform_forwards else _root_prefix_len(batch, clusters, _vision_token_ids(cfg))
     root_cache, root_logits = None, None
+    rep0 = clusters[0].rows[0]  # the root's tokens are every cluster's; read them from this row
     if r_len:
-        rep0 = clusters[0].rows[0]
         root = model(input_ids=batch.input_ids[rep0 : rep0 + 1, :r_len],
                      attention_mask=torch.ones((1, r_len), dtype=torch.long, device=device),
                      position_ids=batch.position_ids[:, rep0 : rep0 + 1, :r_len], use_cache=True)
@@ -636,7 +637,6 @@ def compute_logprobs_shared_prefix(
     # 4. logprobs: prefix positions 0..P-2 predict the shared tokens 1..P-1 (once per cluster; the root's
     # 0..R-2 once for all); position P-1 predicts each row's first suffix token; suffix positions the rest
     if r_len:
-        rep0 = clusters[0].rows[0]
         lp_root, ent_root = _token_logprobs(root_logits[: r_len - 1], batch.input_ids[rep0, 1:r_len], banned,
                                             temperature, with_entropy)  # [R-1]
     j = 0
