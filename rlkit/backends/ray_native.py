@@ -144,13 +144,15 @@ class RayNativeRun(NativeRun):
         common = dict(policy=policy_node, base_path=base_path, sync_root=str(self.sync_root),
                       threads=s.threads_per_actor, device_type=s.device_type, deterministic=self.trainer.deterministic)
         trainer_spec = TrainerSpec(algorithm=self.algo, lr=float(cfg.lr), keep_versions=s.keep_versions,
-                                   mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s, **common)
+                                   mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s,
+                                   strategy=s.strategy, **common)
         rollout_spec = RolloutSpec(env=OmegaConf.to_container(cfg.env, resolve=True), sync_timeout_s=s.sync_timeout_s,
                                    reuse_kv_cache=self.rollout_cfg.reuse_kv_cache, **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start()
         self.progress.say(
-            f"native_ray: {s.num_workers} trainer rank(s) ({'FSDP2' if self.cluster.sharded else 'unsharded'}, "
+            f"native_ray: {s.num_workers} trainer rank(s) "
+            f"({ {'fsdp': 'FSDP2', 'ddp': 'DDP'}.get(self.cluster.strategy, self.cluster.strategy)}, "
             f"{'nccl' if s.device_type == 'cuda' else 'gloo'}) + "
             f"{s.num_rollout_workers} rollout worker(s), {'colocated' if s.colocate else 'separate'} bundles, "
             f"ready in {self.cluster.startup_s:.0f}s; adapter sync under {self.sync_root}"

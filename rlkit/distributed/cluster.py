@@ -81,7 +81,8 @@ class RayCluster:
 
     Attributes (after ``start``): param_specs [(name, shape)] of the trainable parameters in
     optimizer order; sharded (whether the ranks run FSDP2; one rank without mixed precision does
-    not); dashboard_url (or None); trainers, rollouts (actor handles).
+    not, nor do replicated ranks); strategy ("fsdp" | "ddp" | "unsharded": how the ranks hold the
+    policy, TrainerWorker.setup); dashboard_url (or None); trainers, rollouts (actor handles).
     """
 
     def __init__(self, settings: RaySettings, trainer_spec: TrainerSpec, rollout_spec: RolloutSpec, name: str = "rlkit") -> None:
@@ -96,7 +97,8 @@ class RayCluster:
         self.owns_ray = False
         self.dashboard_url: str | None = None
         self.param_specs: list[tuple[str, tuple[int, ...]]] = []
-        self.sharded = True  # FSDP2 over the ranks; False: one rank, unsharded (fsdp.SingleRankRoot)
+        self.sharded = True  # FSDP2 over the ranks; False: one rank, unsharded (fsdp.SingleRankRoot), or ddp
+        self.strategy = "fsdp"
         self.startup_s = 0.0
 
     # ---------------------------------------------------------------- lifecycle
@@ -131,6 +133,7 @@ class RayCluster:
                          s.startup_timeout_s, "trainer and rollout workers")
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
         self.sharded = bool(infos[0]["sharded"])
+        self.strategy = str(infos[0]["strategy"])
         self.startup_s = time.perf_counter() - t0
         log.info("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
                  w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))

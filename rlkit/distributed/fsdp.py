@@ -122,8 +122,55 @@ class SingleRankRoot:
     all-gather copies and hooks; with nothing to reduce, gradient sync has nothing to switch.
     The update's other collectives (metric all-reduces) run as on any world size."""
 
+    #: the update's forwards need not match across ranks (there are no other ranks)
+    collective_forwards = False
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """No-op: one rank's gradients are already the full gradients."""
+
+    def reduce_gradients(self, params: list[nn.Parameter]) -> None:
+        """No-op (one rank)."""
+
+
+class ReplicatedRoot:
+    """What the trainer ranks use in place of the FSDP root under ``backend.strategy=ddp``: data parallel
+    with replicated parameters, as PyTorch's DistributedDataParallel with gradient accumulation under
+    ``no_sync``: every rank holds the whole policy (frozen base and LoRA adapter), runs the forwards and
+    backwards of its own share of the batch, and before the optimizer step the trainable parameters'
+    gradients are summed over the ranks in one coalesced all-reduce (``reduce_gradients``). Each rank
+    then takes the same optimizer step on the same gradients, so the replicas stay identical (bitwise:
+    an all-reduce hands every rank the same sums).
+
+    Unlike FSDP2, nothing is gathered in the forward, so the ranks need not run the same forwards:
+    ``collective_forwards`` is False (no filler micro-batches, no uniform prefix/suffix forwards, and
+    the shared-prefix forward's root prefix stays on). Worth it when the whole policy fits one device,
+    as a LoRA-tuned model whose adapter is small: one all-reduce of the adapter's gradients a step
+    against FSDP2's all-gather of every block's parameters in every forward and backward.
+    """
+
+    collective_forwards = False
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+        """No-op: the gradients are summed once, in ``reduce_gradients``."""
+
+    def reduce_gradients(self, params: list[nn.Parameter]) -> None:
+        """Sum every parameter's gradient over the ranks (collective: all ranks call, with the same
+        ``params`` in the same order). A parameter without a gradient on a rank (it ran no backward)
+        counts as zeros there; afterwards every parameter has the summed gradient. One all-reduce per
+        dtype over the flattened gradients."""
+        import torch.distributed as dist
+
+        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for p in group:
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p)
+                offset += n
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

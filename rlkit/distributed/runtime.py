@@ -25,6 +25,8 @@ from typing import Any
 
 
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+#: how the trainer ranks hold the policy (RaySettings.strategy)
+TRAINER_STRATEGIES = ("fsdp", "ddp")
 
 
 @dataclass
@@ -32,6 +34,11 @@ class RaySettings:
     """The keys of conf/backend/native_ray.yaml (see there for the defaults people use).
 
     num_workers: data-parallel trainer ranks (FSDP2 world size).
+    strategy: how the trainer ranks hold the policy. "fsdp": FSDP2, parameters sharded over the ranks
+        and gathered block by block in every forward and backward (rlkit.distributed.fsdp). "ddp":
+        every rank holds the whole policy and the ranks sum their LoRA gradients in one all-reduce a
+        step (fsdp.ReplicatedRoot; PyTorch DDP's scheme), for a policy that fits one device; no
+        mixed precision (the policy computes in its own dtype, policy.dtype).
     num_rollout_workers: rollout actors (None = num_workers).
     colocate: trainer and rollout actors share bundles (fractional resources) or get their own.
     cpus_per_worker: CPU cores per bundle (each actor uses max(1, int(cpus_per_worker)) torch threads).
@@ -56,6 +63,7 @@ class RaySettings:
     """
 
     num_workers: int = 1
+    strategy: str = "fsdp"
     num_rollout_workers: int | None = None
     colocate: bool = True
     cpus_per_worker: float = 1.0
@@ -86,6 +94,13 @@ class RaySettings:
             raise ValueError(f"backend.cpus_per_worker={self.cpus_per_worker} must be > 0")
         if self.gpus_per_worker < 0:
             raise ValueError(f"backend.gpus_per_worker={self.gpus_per_worker} must be >= 0")
+        if self.strategy not in TRAINER_STRATEGIES:
+            raise ValueError(f"backend.strategy={self.strategy!r}: use one of {', '.join(TRAINER_STRATEGIES)}")
+        if self.strategy == "ddp" and self.mixed_precision:
+            raise ValueError(
+                "backend.mixed_precision=true is FSDP2's bf16/fp32 policy; backend.strategy=ddp computes in the "
+                "policy's own dtype (policy.dtype): leave mixed_precision null or use strategy=fsdp"
+            )
         if self.placement_strategy not in STRATEGIES:
             raise ValueError(f"backend.placement_strategy={self.placement_strategy!r}: use one of {', '.join(STRATEGIES)}")
         if self.keep_versions < 1:
@@ -116,6 +131,8 @@ class RaySettings:
 
     @property
     def use_mixed_precision(self) -> bool:
+        if self.strategy == "ddp":
+            return False
         return bool(self.mixed_precision) if self.mixed_precision is not None else self.device_type == "cuda"
 
     @property

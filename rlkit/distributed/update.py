@@ -29,6 +29,10 @@ Here (same result, up to float summation order):
    micro-batch (``set_requires_gradient_sync``). The gradient norm is clipped over the sharded
    (DTensor) gradients; the optimizer step updates the shards. (A single rank without mixed precision
    runs unsharded: plain tensors, ``root`` a SingleRankRoot whose gradient sync is a no-op.)
+   Under ``backend.strategy=ddp`` every rank holds the whole policy (``root`` a fsdp.ReplicatedRoot):
+   no forward is collective, so each rank runs only its own micro-batches (a filler only when its
+   share is empty), with the plain shared-prefix forward (root prefix included), and the gradients
+   are summed in one all-reduce before the norm is clipped (``ReplicatedRoot.reduce_gradients``).
 3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
    gives the single-rank diagnostic of the mini-batch.
 4. The ``demo_coef`` term (ReLIFT demonstrations, rlkit.update.grpo_update): the demonstrations are
@@ -187,6 +191,7 @@ def sharded_grpo_update(
     from rlkit.update import grad_clip_limit, use_shared_prefix
 
     token_level = cfg.loss_reduction == "token_mean"
+    collective = _collective_forwards(root)
     micro = max(cfg.micro_batch_size, 1)
     shared = use_shared_prefix(policy, cfg)
     totals: dict[str, float] = {}
@@ -200,17 +205,21 @@ def sharded_grpo_update(
         step_counts = step.counts or [1] * len(step.indices)
         chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
         count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
-        for m in range(step.num_micro):
+        # FSDP ranks run num_micro each; replicated ranks (strategy=ddp) only their own micro-batches, or
+        # one filler when their share is empty (so every rank reduces the same diagnostics)
+        num_micro = step.num_micro if collective else (len(chunks) or min(step.num_micro, 1))
+        for m in range(num_micro):
             is_filler = m >= len(chunks)
             idx = [step.filler] if is_filler else chunks[m]
             counts = torch.tensor([1] if is_filler else count_chunks[m], dtype=torch.float32)  # [n]
             seqs = [payload.trajectories[i] for i in idx]
-            _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
-            root.set_requires_gradient_sync(m == step.num_micro - 1 and not with_demos)
+            if collective:
+                _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
+            root.set_requires_gradient_sync(m == num_micro - 1 and not with_demos)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
-            share = shared and _same_forwards(policy, seqs)
+            share = shared and (not collective or _same_forwards(policy, seqs))
             total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
-                                                 uniform_forwards=_world() > 1, counts=counts)
+                                                 uniform_forwards=collective, counts=counts)
             n_micro += 1
             n_shared += int(share)
             token_share = 0.0 if is_filler else float(mask.sum()) / max(step.total_tokens, 1)
@@ -227,7 +236,10 @@ def sharded_grpo_update(
                 else:  # token averages by the token share, reductions by the loss's weight
                     sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
         if with_demos:
-            demo_nll = _demonstration_backward(policy, root, payload, cfg)
+            demo_nll = _demonstration_backward(policy, root, payload, cfg, collective)
+        reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
+        if reduce is not None:  # (an FSDP root reduced them in the last backward)
+            reduce(params)
         grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
@@ -254,15 +266,17 @@ def sharded_grpo_update(
     return out
 
 
-def _demonstration_backward(policy: Any, root: Any, payload: RankPayload, cfg: AlgorithmConfig) -> float:
+def _demonstration_backward(policy: Any, root: Any, payload: RankPayload, cfg: AlgorithmConfig,
+                            collective: bool) -> float:
     """Backward of this rank's part of the demo_coef term (module doc, step 4), with the gradient
     sync on; returns the mean NLL per token of all ranks' demonstrations (before the step)."""
     from rlkit.sft import demonstration_nll
 
-    _check_same_modality(any(len(t.image_inputs) > 0 for t in payload.demonstrations))
+    if collective:
+        _check_same_modality(any(len(t.image_inputs) > 0 for t in payload.demonstrations))
     root.set_requires_gradient_sync(True)
-    # full-sequence forward over > 1 rank: every rank must run the same forwards (as for the micro-batches)
-    nll = demonstration_nll(policy, payload.demonstrations, shared_prefix=None if _world() == 1 else False)
+    # full-sequence forward on FSDP ranks: every rank must run the same forwards (as for the micro-batches)
+    nll = demonstration_nll(policy, payload.demonstrations, shared_prefix=False if collective else None)
     (cfg.demo_coef * payload.demo_weight * nll).backward()
     return _all_reduce_stats({"demo_nll": float(nll.detach()) * payload.demo_weight}, {})["demo_nll"]
 
@@ -284,6 +298,12 @@ def _same_forwards(policy: Any, seqs: list[Trajectory]) -> bool:
     t = torch.tensor(flags + [-f for f in flags], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # [any prefix, any suffix, -all prefix, -all suffix]
     return bool(float(t[0]) == -float(t[2]) and float(t[1]) == -float(t[3]))
+
+
+def _collective_forwards(root: Any) -> bool:
+    """Whether the ranks must run the same forwards: FSDP2 over > 1 rank gathers parameters inside them.
+    A single unsharded rank and replicated ranks (fsdp.SingleRankRoot, fsdp.ReplicatedRoot) say False."""
+    return bool(getattr(root, "collective_forwards", _world() > 1))
 
 
 def _world() -> int:

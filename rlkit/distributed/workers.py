@@ -38,7 +38,8 @@ class TrainerSpec:
     driver sends each step's lr). sync_root / keep_versions: where versions are published and how
     many are kept. threads: torch intra-op threads. device_type: "cpu" | "cuda". mixed_precision:
     FSDP2 bf16/fp32 policy (GPU). dist_timeout_s: collective timeout (seconds). deterministic:
-    torch.use_deterministic_algorithms.
+    torch.use_deterministic_algorithms. strategy: "fsdp" (FSDP2 shards) | "ddp" (replicated ranks,
+    rlkit.distributed.fsdp.ReplicatedRoot); RaySettings.strategy.
     """
 
     policy: dict[str, Any]
@@ -52,6 +53,7 @@ class TrainerSpec:
     mixed_precision: bool
     dist_timeout_s: float
     deterministic: bool = False
+    strategy: str = "fsdp"
 
 
 @dataclass
@@ -111,9 +113,11 @@ class TrainerWorker:
 
         Returns: {"rank", "pid", "threads", "device", "params": [(name, shape)] of the trainable
         parameters in optimizer order (rank 0 only; [] elsewhere), "sharded": False for a single rank
-        without mixed precision (SingleRankRoot: the policy is left unsharded)}.
+        without mixed precision (SingleRankRoot: the policy is left unsharded) and for strategy=ddp,
+        "strategy": "fsdp" | "ddp" | "unsharded"}.
         """
-        from rlkit.distributed.fsdp import SingleRankRoot, init_process_group, shard_policy, trainable_named_parameters
+        from rlkit.distributed.fsdp import (ReplicatedRoot, SingleRankRoot, init_process_group, shard_policy,
+                                            trainable_named_parameters)
 
         spec = self.spec
         mesh = init_process_group(self.rank, self.world_size, master_addr, master_port, spec.device_type,
@@ -123,8 +127,12 @@ class TrainerWorker:
             overrides["dtype"] = "float32"  # sharded fp32 master weights; FSDP computes in bf16
         self.policy = load_worker_policy(spec.policy, spec.base_path, **overrides)
         # one rank in its weights' dtype: nothing to shard (FSDP2 would only add copies; SingleRankRoot)
-        self.root = (SingleRankRoot() if self.world_size == 1 and not spec.mixed_precision
-                     else shard_policy(self.policy, mesh, spec.mixed_precision))
+        if self.world_size == 1 and not spec.mixed_precision:
+            self.root = SingleRankRoot()
+        elif spec.strategy == "ddp":
+            self.root = ReplicatedRoot()
+        else:
+            self.root = shard_policy(self.policy, mesh, spec.mixed_precision)
         named = trainable_named_parameters(self.policy.model)
         self.params = [p for _, p in named]
         algo = spec.algorithm
@@ -137,7 +145,9 @@ class TrainerWorker:
         return {
             "rank": self.rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "device": str(self.policy.device),
             "params": [(n, tuple(p.shape)) for n, p in named] if self.rank == 0 else [],
-            "sharded": not isinstance(self.root, SingleRankRoot),
+            "sharded": not isinstance(self.root, (SingleRankRoot, ReplicatedRoot)),
+            "strategy": ("unsharded" if isinstance(self.root, SingleRankRoot)
+                         else "ddp" if isinstance(self.root, ReplicatedRoot) else "fsdp"),
         }
 
     def load_adapter(self, path: str) -> int:

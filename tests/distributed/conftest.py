@@ -101,7 +101,8 @@ def start_cluster(settings, algorithm, lr: float, policy_node, env_node, root, s
 
     common = dict(policy=policy_node, base_path=None, sync_root=str(root), threads=1, device_type="cpu")
     cluster = RayCluster(settings, TrainerSpec(algorithm=algorithm, lr=lr, keep_versions=keep_versions,
-                                               mixed_precision=False, dist_timeout_s=120, **common),
+                                               mixed_precision=False, dist_timeout_s=120,
+                                               strategy=settings.strategy, **common),
                          RolloutSpec(env=env_node, sync_timeout_s=sync_timeout_s, **common))
     cluster.start()
     cluster.sync_root = root

@@ -131,8 +131,12 @@ def test_settings_layout_and_errors():
     assert sep.actor_resources() == {"num_cpus": 2.0, "num_gpus": 1.0}
     assert sep.device_type == "cuda" and sep.use_mixed_precision and sep.threads_per_actor == 2
     assert not colo.use_mixed_precision and colo.device_type == "cpu"
+    # replicated ranks compute in the policy's dtype: FSDP2's mixed-precision policy does not apply
+    assert colo.strategy == "fsdp" and not RaySettings(gpus_per_worker=1, strategy="ddp").use_mixed_precision
     for bad, match in [(dict(num_workers=0), "num_workers"), (dict(placement_strategy="TIGHT"), "placement_strategy"),
-                       (dict(keep_versions=0), "keep_versions"), (dict(mixed_precision=True), "needs GPUs")]:
+                       (dict(keep_versions=0), "keep_versions"), (dict(mixed_precision=True), "needs GPUs"),
+                       (dict(strategy="zero3"), "backend.strategy='zero3'"),
+                       (dict(strategy="ddp", gpus_per_worker=1, mixed_precision=True), "strategy=ddp computes")]:
         with pytest.raises(ValueError, match=match):
             RaySettings(**bad).validate()
 
