@@ -77,3 +77,76 @@ class TaskSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["bit_generator"]
         self.num_drawn = int(state["num_drawn"])
+
+
+class SolvedTaskFilter:
+    """Pre-rollout filter of tasks the policy keeps solving (GRESO's selective rollout, Zheng et al. 2025,
+    "Act Only When It Pays", section 4: a prompt whose groups had zero reward variance in its last k
+    samplings is likely to again, and is skipped before rollout with probability 1 - p_explore^k).
+
+    Here only the easy side is filtered: a task whose last ``k`` groups *all succeeded* is admitted with
+    probability ``explore ** k`` (k counted up to ``max_streak``); any group with a failure resets k to 0.
+    All-fail tasks are never skipped (the demonstration term and the hardest mazes live there). Under
+    DAPO dynamic sampling such a group would be drawn, rolled out and then filtered out for carrying no
+    signal: skipping it first saves its rollout and leaves the informative groups' distribution nearly
+    unchanged (a task skipped by mistake is one that would have been informative again, hence ``explore``).
+
+    Tasks are identified by ``key(seed)`` (the env's ``task_key``: the maze layout for VisGym, whose 7x7
+    variant has only 768 layouts drawn again and again under fresh seeds; else the seed itself).
+
+    Args:
+        seed: the stream seed of the admit draws (the run's seed).
+        explore: p_explore in (0, 1]; 1 admits everything.
+        key: seed -> hashable task identity.
+        max_streak: k is capped here (the smallest admit probability is explore ** max_streak).
+
+    State (``state_dict``): the per-task streaks and the admit stream, saved in checkpoints so a resumed
+    run draws what it would have drawn.
+    """
+
+    def __init__(self, seed: int, explore: float, key: Callable[[int], Any] | None = None, max_streak: int = 3):
+        if not 0.0 < explore <= 1.0:
+            raise ValueError(f"explore={explore} must be in (0, 1]")
+        self.explore = float(explore)
+        self.max_streak = int(max_streak)
+        self._key = key or (lambda s: s)
+        self._rng = np.random.default_rng([seed, 0x6E550])
+        self.streaks: dict[str, int] = {}  # str(key) -> consecutive all-success groups
+        self.skipped = 0  # draws refused so far
+
+    def _id(self, seed: int) -> str:
+        k = self._key(int(seed))
+        return k.hex() if isinstance(k, bytes) else str(k)
+
+    def admit(self, seed: int) -> bool:
+        """Whether to roll out task ``seed`` now (one uniform draw when its streak is > 0)."""
+        k = min(self.streaks.get(self._id(seed), 0), self.max_streak)
+        if k == 0 or float(self._rng.random()) < self.explore**k:
+            return True
+        self.skipped += 1
+        return False
+
+    def record(self, seed: int, solved: bool) -> None:
+        """After a group of task ``seed``: ``solved`` = every sample of the group succeeded."""
+        key = self._id(seed)
+        self.streaks[key] = self.streaks.get(key, 0) + 1 if solved else 0
+
+    def draw(self, sampler: "TaskSampler", n: int, max_draws: int = 64) -> list[int]:
+        """``n`` task seeds from ``sampler``, skipping refused ones; after ``max_draws`` x n candidates the
+        rest are taken unfiltered (a policy that solves every task still gets its batch)."""
+        out: list[int] = []
+        tried = 0
+        while len(out) < n:
+            for s in sampler.sample(n - len(out)):
+                tried += 1
+                if tried > max_draws * n or self.admit(s):
+                    out.append(s)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bit_generator": self._rng.bit_generator.state, "streaks": dict(self.streaks), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["bit_generator"]
+        self.streaks = {str(k): int(v) for k, v in state["streaks"].items()}
+        self.skipped = int(state.get("skipped", 0))

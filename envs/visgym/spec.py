@@ -217,6 +217,11 @@ class VisGymMaze:
         """True if training must skip ``seed``: it is an evaluation seed or draws an evaluation maze."""
         return self.eval_set.holds_layout_of(seed)
 
+    def task_key(self, seed: int) -> bytes:
+        """The identity of task ``seed`` for per-task statistics (rlkit.tasks.SolvedTaskFilter): its maze
+        layout (walls, start and goal), which many seeds share (7x7 has 768 layouts)."""
+        return layout_key(int(seed), VARIANT_SIZES[self.variant])
+
     def train_seed_stream(self, seed: int) -> Iterator[int]:
         """Endless reproducible stream of training seeds that skips eval seeds (see module doc)."""
         return train_seed_stream(seed, self.eval_set)

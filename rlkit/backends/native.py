@@ -34,7 +34,7 @@ from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
 from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
-from rlkit.tasks import TaskSampler
+from rlkit.tasks import SolvedTaskFilter, TaskSampler
 from rlkit.update import grpo_update, make_scheduler
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ class NativeRun:
     #: control=fixed_image wraps the env spec in this process (rlkit/controls.py); a backend whose
     #: envs live elsewhere (native_ray's workers) sets this False and refuses it
     supports_fixed_image_control = True
+    #: algorithm.selective_rollout_explore's rlkit.tasks.SolvedTaskFilter (set in setup; None = off)
+    task_filter: SolvedTaskFilter | None = None
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -162,6 +164,9 @@ class NativeRun:
                                      max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
                                      stop=self.stop)
         self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
+        explore = self.algo.selective_rollout_explore
+        self.task_filter = (SolvedTaskFilter(cfg.seed, explore, key=getattr(self.env_spec, "task_key", None))
+                            if explore is not None else None)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
         self._resume()
@@ -320,6 +325,8 @@ class NativeRun:
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         meta = json.loads((path / "trainer_state.json").read_text())
         self.sampler.load_state_dict(meta["sampler"])
+        if self.task_filter is not None and "task_filter" in meta:
+            self.task_filter.load_state_dict(meta["task_filter"])
         self.informative_counts = tuple(meta.get("informative_counts", (1, 1)))  # sizes the next adaptive round
         self.state = RunState(step=meta["step"], run_id=meta.get("run_id"), wall_time_s=meta.get("wall_time_s", 0.0),
                               eval_success_before=meta.get("eval_success_before"))
@@ -391,6 +398,7 @@ class NativeRun:
                     "wall_time_s": self.state.wall_time_s, "eval_success_before": self.state.eval_success_before,
                     "python_rng": random.getstate(), "numpy_rng": _listify(np.random.get_state()),
                     "informative_counts": list(self.informative_counts),
+                    **({"task_filter": self.task_filter.state_dict()} if self.task_filter is not None else {}),
                     "metrics_lines": self.metrics_file.num_lines()}
             (d / "trainer_state.json").write_text(json.dumps(meta, default=_json_default))
             (d / "config.yaml").write_text(cfg_yaml)
@@ -447,12 +455,16 @@ class NativeRun:
         """One rollout: (trajectories, reward outputs, extra) of ``group_size`` (default G) samples of each
         task in ``seeds`` (default: tasks_per_step new training tasks)."""
         cfg = self.cfg
-        seeds = self.sampler.sample(cfg.tasks_per_step) if seeds is None else seeds
+        seeds = self._draw_tasks(cfg.tasks_per_step) if seeds is None else seeds
         t0 = time.time()
         with self.progress.phase("rollout", step, cfg.steps):
             trajs, extra = self._rollout(step, seeds, sampling, group_size)
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
+        if self.task_filter is not None:  # each group's outcome: all samples succeeded or not
+            g = group_size or cfg.group_size
+            for k, seed in enumerate(seeds):
+                self.task_filter.record(seed, all(t.episode.success for t in trajs[k * g:(k + 1) * g]))
         t1 = time.time()
         failures = getattr(self.reward_fn, "failures", None)  # a GuardedReward's (rlkit.reward_guard)
         failed_before = failures.count if failures is not None else 0
@@ -481,6 +493,7 @@ class NativeRun:
         """
         cfg, timing = self.cfg, {}
         t0 = time.time()
+        skipped_before = self.task_filter.skipped if self.task_filter is not None else 0
         # a fresh sampling seed per step: reproducible, and a resumed run samples what it would have
         sampling = replace(self.sampling, seed=cfg.seed * 1_000_003 + step)
         sampled_group = cfg.group_size  # the group size of `sampled`, what the reward/* and env/* metrics describe
@@ -490,7 +503,7 @@ class NativeRun:
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         else:
             adaptive = self.algo.dynamic_sampling_adaptive_batch  # round 1 sized from the last step's share
-            seeds = self.sampler.sample(self._round_size(cfg.tasks_per_step, 0)) if adaptive else None
+            seeds = self._draw_tasks(self._round_size(cfg.tasks_per_step, 0)) if adaptive else None
             trajs, rewards_out, rollout_extra = self._sample_round(step, sampling, timing, seeds)
             rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
             sampled, sampled_rewards, dynamic = trajs, rewards, {}
@@ -516,6 +529,8 @@ class NativeRun:
             **dynamic,
             "timing/sampling": time.time() - t0,
         }
+        if self.task_filter is not None:  # tasks drawn and skipped before rollout this step
+            metrics["dynamic/skipped_tasks"] = float(self.task_filter.skipped - skipped_before)
         return SampledBatch(step, trajs, advantages, demos, metrics)
 
     def _demonstrations(self, sampled: list[Any], timing: dict[str, float], group_size: int) -> list[Any]:
@@ -564,7 +579,7 @@ class NativeRun:
 
         while ((missing := cfg.tasks_per_step - len(informative(all_out))) > 0
                and rounds <= self.algo.dynamic_sampling_max_rounds and len(all_trajs) // g < budget):
-            seeds = self.sampler.sample(self._round_size(missing, len(all_trajs) // g)) if adaptive else None
+            seeds = self._draw_tasks(self._round_size(missing, len(all_trajs) // g)) if adaptive else None
             more, more_out, _ = self._sample_round(step, replace(sampling, seed=sampling.seed + 7919 * rounds), timing,
                                                    seeds)
             offset = len(all_trajs) // g
@@ -584,6 +599,13 @@ class NativeRun:
         kept = [all_trajs[k * g + j] for k in keep for j in range(g)]
         rewards = torch.tensor([all_out[k * g + j].total for k in keep for j in range(g)], dtype=torch.float32)
         return kept, rewards, all_trajs, all_out, metrics
+
+    def _draw_tasks(self, n: int) -> list[int]:
+        """The next ``n`` training task seeds: the sampler's, past algorithm.selective_rollout_explore's
+        filter when it is on (tasks the policy keeps solving are skipped before rollout)."""
+        if self.task_filter is None:
+            return self.sampler.sample(n)
+        return self.task_filter.draw(self.sampler, n)
 
     def _round_size(self, missing: int, drawn: int) -> int:
         """Tasks the next adaptive dynamic-sampling round draws: enough to find ``missing`` informative
@@ -620,7 +642,7 @@ class NativeRun:
         rounds = 0
         while len(kept) // g < cfg.tasks_per_step and rounds <= self.algo.dynamic_sampling_max_rounds:
             screen_sampling = replace(sampling, seed=sampling.seed + 7919 * rounds)
-            trajs, outs, round_extra = self._sample_round(step, screen_sampling, timing, self.sampler.sample(n_screen), k)
+            trajs, outs, round_extra = self._sample_round(step, screen_sampling, timing, self._draw_tasks(n_screen), k)
             extra = extra or round_extra  # the first round's (backend=native_ray: its adapter load)
             offset = len(screened) // k
             for t in trajs:

@@ -131,6 +131,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_max_rounds"),
         ("algorithm.screening_samples=4", "algorithm.screening_samples"),
         ("algorithm.dynamic_sampling_adaptive_batch=true", "algorithm.dynamic_sampling_adaptive_batch"),
+        ("algorithm.selective_rollout_explore=0.5", "algorithm.selective_rollout_explore"),
         ("algorithm.decoupled_loss=true", "algorithm.decoupled_loss"),
         ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),
         ("algorithm.adv_eps=1e-5", "algorithm.adv_eps"),
