@@ -53,11 +53,13 @@ class AlgorithmConfig:
     # (at most dynamic_sampling_max_rounds more) until tasks_per_step groups are kept. 0 = off;
     # else 2 <= screening_samples < group_size. Native backends only.
     screening_samples: int = 0
-    # GRESO's selective rollout (Zheng et al. 2025, easy side; rlkit.tasks.SolvedTaskFilter): a training task
-    # whose last k groups all succeeded is rolled out only with probability selective_rollout_explore ** k
-    # (k <= 3), else skipped before rollout; tasks are matched by the env's task_key (VisGym: the maze layout).
-    # Saves the rollouts dynamic sampling would filter out. null = off (every drawn task is rolled out).
+    # GRESO's selective rollout (Zheng et al. 2025; rlkit.tasks.SolvedTaskFilter): a training task whose last
+    # k groups all succeeded is rolled out only with probability selective_rollout_explore ** k (k <= 3), else
+    # skipped before rollout; with selective_rollout_explore_hard, a task whose last k groups all failed too
+    # (null: never skipped). Tasks are matched by the env's task_key (VisGym: the maze layout). Saves the
+    # rollouts dynamic sampling would filter out. null = off (every drawn task is rolled out).
     selective_rollout_explore: float | None = None
+    selective_rollout_explore_hard: float | None = None
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28  # DAPO clip-higher
     # Decoupled PPO (Fu et al. 2025, "AReaL", section 5.2), for samples drawn by an older policy
@@ -324,6 +326,8 @@ RANGES: dict[str, Range] = {
     "algorithm.screening_samples": Range(0, integer=True, note="0 = off; else 2..group_size-1"),
     "algorithm.selective_rollout_explore": Range(0, 1, lo_open=True, none=True,
                                                  note="null = off; a task solved k times running is rolled out with probability explore**k"),
+    "algorithm.selective_rollout_explore_hard": Range(0, 1, lo_open=True, none=True,
+                                                      note="null = all-fail tasks are never skipped"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
     "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
     "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),

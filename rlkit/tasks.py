@@ -80,38 +80,45 @@ class TaskSampler:
 
 
 class SolvedTaskFilter:
-    """Pre-rollout filter of tasks the policy keeps solving (GRESO's selective rollout, Zheng et al. 2025,
-    "Act Only When It Pays", section 4: a prompt whose groups had zero reward variance in its last k
-    samplings is likely to again, and is skipped before rollout with probability 1 - p_explore^k).
+    """Pre-rollout filter of tasks whose groups keep carrying no signal (GRESO's selective rollout, Zheng et
+    al. 2025, "Act Only When It Pays", section 4: a prompt whose groups had zero reward variance in its last
+    k samplings is likely to again, so it is skipped before rollout with probability 1 - p^k).
 
-    Here only the easy side is filtered: a task whose last ``k`` groups *all succeeded* is admitted with
-    probability ``explore ** k`` (k counted up to ``max_streak``); any group with a failure resets k to 0.
-    All-fail tasks are never skipped (the demonstration term and the hardest mazes live there). Under
-    DAPO dynamic sampling such a group would be drawn, rolled out and then filtered out for carrying no
-    signal: skipping it first saves its rollout and leaves the informative groups' distribution nearly
-    unchanged (a task skipped by mistake is one that would have been informative again, hence ``explore``).
+    A group has zero reward variance either because every sample succeeded (*easy*) or because none did
+    (*hard*). A task whose last ``k`` groups were all easy is admitted with probability ``explore ** k``;
+    one whose last ``k`` groups were all hard with ``explore_hard ** k`` (``explore_hard`` None: never
+    skipped, e.g. when the demonstration term learns from all-fail tasks); k counts up to ``max_streak``;
+    a group with differing rewards resets k. Under DAPO dynamic sampling such a group would be drawn,
+    rolled out and then filtered out: skipping it first saves its rollout. A task skipped by mistake is
+    one that would have carried signal again, hence the exploration probabilities.
 
     Tasks are identified by ``key(seed)`` (the env's ``task_key``: the maze layout for VisGym, whose 7x7
     variant has only 768 layouts drawn again and again under fresh seeds; else the seed itself).
 
     Args:
         seed: the stream seed of the admit draws (the run's seed).
-        explore: p_explore in (0, 1]; 1 admits everything.
+        explore: p for all-success tasks, in (0, 1]; 1 admits them all.
+        explore_hard: p for all-fail tasks, in (0, 1], or None (never skipped).
         key: seed -> hashable task identity.
-        max_streak: k is capped here (the smallest admit probability is explore ** max_streak).
+        max_streak: k is capped here (the smallest admit probability is p ** max_streak).
 
-    State (``state_dict``): the per-task streaks and the admit stream, saved in checkpoints so a resumed
-    run draws what it would have drawn.
+    State (``state_dict``): the per-task streaks (+k all-success, -k all-fail, 0 otherwise) and the admit
+    stream, saved in checkpoints so a resumed run draws what it would have drawn.
+
+    Raises: ValueError for an exploration probability outside (0, 1].
     """
 
-    def __init__(self, seed: int, explore: float, key: Callable[[int], Any] | None = None, max_streak: int = 3):
-        if not 0.0 < explore <= 1.0:
-            raise ValueError(f"explore={explore} must be in (0, 1]")
+    def __init__(self, seed: int, explore: float, key: Callable[[int], Any] | None = None, max_streak: int = 3,
+                 explore_hard: float | None = None):
+        for name, p in (("explore", explore), ("explore_hard", 1.0 if explore_hard is None else explore_hard)):
+            if not 0.0 < p <= 1.0:
+                raise ValueError(f"{name}={p} must be in (0, 1]")
         self.explore = float(explore)
+        self.explore_hard = None if explore_hard is None else float(explore_hard)
         self.max_streak = int(max_streak)
         self._key = key or (lambda s: s)
         self._rng = np.random.default_rng([seed, 0x6E550])
-        self.streaks: dict[str, int] = {}  # str(key) -> consecutive all-success groups
+        self.streaks: dict[str, int] = {}  # str(key) -> +k (k all-success groups running), -k (all-fail), 0
         self.skipped = 0  # draws refused so far
 
     def _id(self, seed: int) -> str:
@@ -119,17 +126,20 @@ class SolvedTaskFilter:
         return k.hex() if isinstance(k, bytes) else str(k)
 
     def admit(self, seed: int) -> bool:
-        """Whether to roll out task ``seed`` now (one uniform draw when its streak is > 0)."""
-        k = min(self.streaks.get(self._id(seed), 0), self.max_streak)
-        if k == 0 or float(self._rng.random()) < self.explore**k:
+        """Whether to roll out task ``seed`` now (one uniform draw when it has a streak that can skip)."""
+        v = self.streaks.get(self._id(seed), 0)
+        p = self.explore if v > 0 else self.explore_hard if v < 0 else None
+        if p is None or float(self._rng.random()) < p ** min(abs(v), self.max_streak):
             return True
         self.skipped += 1
         return False
 
-    def record(self, seed: int, solved: bool) -> None:
-        """After a group of task ``seed``: ``solved`` = every sample of the group succeeded."""
+    def record(self, seed: int, solved: bool, failed: bool = False) -> None:
+        """After a group of task ``seed`` whose rewards were all equal: ``solved`` = every sample succeeded,
+        ``failed`` = none did; both False = the group carried signal (the streak resets)."""
         key = self._id(seed)
-        self.streaks[key] = self.streaks.get(key, 0) + 1 if solved else 0
+        v = self.streaks.get(key, 0)
+        self.streaks[key] = max(v, 0) + 1 if solved else min(v, 0) - 1 if failed else 0
 
     def draw(self, sampler: "TaskSampler", n: int, max_draws: int = 64) -> list[int]:
         """``n`` task seeds from ``sampler``, skipping refused ones; after ``max_draws`` x n candidates the

@@ -113,6 +113,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
     ("algorithm.dynamic_sampling_adaptive_batch=true", "it needs algorithm.dynamic_sampling_max_rounds > 0"),
     ("algorithm.behav_imp_weight_cap=5", "caps the decoupled loss's importance weights"),  # without decoupled_loss
+    ("algorithm.selective_rollout_explore_hard=0.5", "is part of the selective rollout filter"),  # filter off
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -140,6 +141,19 @@ def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     (sft,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
     proc2 = _run(["experiment=smoke", "steps=1", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert "grounding: reusing" in proc2.stdout and "SFT warm start: reusing" in proc2.stdout
+
+
+def test_selective_rollout_records_every_group_and_checkpoints_its_streaks(tmp_path):
+    # the 2-step warm start solves nothing: every group fails as a whole, so every task drawn gets a streak of
+    # -1 (all-fail), kept in the checkpoint for a resume; the step logs how many draws it skipped
+    out = tmp_path / "run"
+    _run(["experiment=smoke", "algorithm.selective_rollout_explore=0.5", "algorithm.selective_rollout_explore_hard=0.5",
+          f"hydra.run.dir={out}"], tmp_path)
+    state = json.loads((out / "checkpoints" / "step_000002" / "trainer_state.json").read_text())["task_filter"]
+    assert state["streaks"] and set(state["streaks"].values()) == {-1}
+    assert len(state["streaks"]) == 4  # 2 steps x 2 tasks, distinct 7x7 layouts
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dynamic/skipped_tasks"] for r in lines if "dynamic/skipped_tasks" in r] == [0.0, 0.0]
 
 
 def test_demo_loss_runs_end_to_end(tmp_path):

@@ -165,7 +165,8 @@ class NativeRun:
                                      stop=self.stop)
         self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
         explore = self.algo.selective_rollout_explore
-        self.task_filter = (SolvedTaskFilter(cfg.seed, explore, key=getattr(self.env_spec, "task_key", None))
+        self.task_filter = (SolvedTaskFilter(cfg.seed, explore, key=getattr(self.env_spec, "task_key", None),
+                                             explore_hard=self.algo.selective_rollout_explore_hard)
                             if explore is not None else None)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
@@ -225,6 +226,10 @@ class NativeRun:
         if self.algo.behav_imp_weight_cap is not None and not self.algo.decoupled_loss:
             problems.append(f"algorithm.behav_imp_weight_cap={self.algo.behav_imp_weight_cap} caps the decoupled "
                             "loss's importance weights: set algorithm.decoupled_loss=true, or the cap to null")
+        if self.algo.selective_rollout_explore_hard is not None and self.algo.selective_rollout_explore is None:
+            problems.append(f"algorithm.selective_rollout_explore_hard={self.algo.selective_rollout_explore_hard} "
+                            "is part of the selective rollout filter, which algorithm.selective_rollout_explore "
+                            "turns on: set that too (1.0 never skips solved tasks), or explore_hard to null")
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
@@ -461,15 +466,18 @@ class NativeRun:
             trajs, extra = self._rollout(step, seeds, sampling, group_size)
         maybe_crash("rollout", step)
         timing["timing/rollout"] = timing.get("timing/rollout", 0.0) + time.time() - t0
-        if self.task_filter is not None:  # each group's outcome: all samples succeeded or not
-            g = group_size or cfg.group_size
-            for k, seed in enumerate(seeds):
-                self.task_filter.record(seed, all(t.episode.success for t in trajs[k * g:(k + 1) * g]))
         t1 = time.time()
         failures = getattr(self.reward_fn, "failures", None)  # a GuardedReward's (rlkit.reward_guard)
         failed_before = failures.count if failures is not None else 0
         rewards_out = [self.reward_fn(t.episode) for t in trajs]
         timing["timing/reward"] = timing.get("timing/reward", 0.0) + time.time() - t1
+        if self.task_filter is not None:  # each group's outcome: all-success, all-fail (equal rewards) or signal
+            g = group_size or cfg.group_size
+            for k, seed in enumerate(seeds):
+                group = range(k * g, (k + 1) * g)
+                equal = len({rewards_out[i].total for i in group}) == 1
+                wins = [trajs[i].episode.success for i in group]
+                self.task_filter.record(seed, solved=equal and all(wins), failed=equal and not any(wins))
         if failures is not None:  # reward calls counted as 0 under reward.on_error=zero (each logged as a warning)
             timing["reward/failures"] = timing.get("reward/failures", 0.0) + failures.count - failed_before
         return trajs, rewards_out, extra

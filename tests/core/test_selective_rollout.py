@@ -32,6 +32,25 @@ def test_streaks_and_admit_probabilities():
     assert abs(rate - 0.125) < 0.03, rate  # k capped at max_streak = 3
     with pytest.raises(ValueError, match="explore"):
         SolvedTaskFilter(seed=0, explore=0.0)
+    with pytest.raises(ValueError, match="explore_hard"):
+        SolvedTaskFilter(seed=0, explore=1.0, explore_hard=1.5)
+
+
+def test_all_fail_tasks_are_skipped_only_with_explore_hard():
+    easy_only = SolvedTaskFilter(seed=0, explore=0.5)
+    both = SolvedTaskFilter(seed=0, explore=1.0, explore_hard=0.5)
+    for f in (easy_only, both):
+        f.record(4, solved=False, failed=True)
+        f.record(4, solved=False, failed=True)
+        assert f.streaks == {"4": -2}
+    n = 4000
+    assert all(easy_only.admit(4) for _ in range(200)) and easy_only.skipped == 0
+    rate = sum(both.admit(4) for _ in range(n)) / n
+    assert abs(rate - 0.25) < 0.03, rate
+    both.record(4, solved=True)  # a solved group ends the all-fail streak and starts an all-success one
+    assert both.streaks["4"] == 1 and all(both.admit(4) for _ in range(200))  # explore=1.0: never skipped
+    both.record(4, solved=False)  # rewards differed
+    assert both.streaks["4"] == 0
 
 
 def test_layout_keys_are_bytes_and_state_round_trips():
@@ -73,6 +92,7 @@ def _scripted_run(explore):
         run.rolled_out += list(seeds)
         return [SimpleNamespace(group=g, episode=SimpleNamespace(seed=s, success=s % 2 == 0 or j == 0))
                 for g, s in enumerate(seeds) for j in range(n or 2)], {}
+    # (odd tasks: one success, one failure, so their rewards differ)
 
     run._rollout = rollout
     run.reward_fn = lambda episode: RewardOutput(total=float(episode.success))
@@ -106,3 +126,4 @@ def test_visgym_task_key_is_the_layout():
     keys = {s: spec.task_key(s) for s in range(400)}
     assert keys[5] == layout_key(5, VARIANT_SIZES["small"])
     assert len(set(keys.values())) < len(keys)  # 7x7 has 768 layouts: seeds share them
+

@@ -396,9 +396,9 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
     if algo.dynamic_sampling_adaptive_batch:
         problems.append("algorithm.dynamic_sampling_adaptive_batch=true: rlkit's dynamic sampling runs only in the "
                         "native backends; set it to false")
-    if algo.selective_rollout_explore is not None:
-        problems.append(f"algorithm.selective_rollout_explore={algo.selective_rollout_explore}: rlkit's selective "
-                        "rollout runs only in the native backends; set it to null")
+    if algo.selective_rollout_explore is not None or algo.selective_rollout_explore_hard is not None:
+        problems.append("algorithm.selective_rollout_explore / selective_rollout_explore_hard: rlkit's selective "
+                        "rollout runs only in the native backends; set them to null")
     if algo.screening_samples:
         problems.append(
             f"algorithm.screening_samples={algo.screening_samples}: rlkit's screening runs only in the native "
