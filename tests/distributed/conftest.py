@@ -113,3 +113,13 @@ def max_abs_diff(a, b) -> float:
     """Largest absolute difference between two {name: tensor} dicts with the same keys."""
     assert sorted(a) == sorted(b)
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def assert_optimizer_state_matches(cluster, optimizer, tol: float) -> None:
+    """The ranks' AdamW state, gathered full, equals a single-process ``optimizer``'s within ``tol``."""
+    full = cluster.optimizer_state()
+    local_state = optimizer.state_dict()["state"]
+    assert sorted(full) == sorted(local_state)
+    for i in local_state:
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert float((full[i][k] - local_state[i][k]).abs().max()) <= tol, (i, k)

@@ -20,7 +20,7 @@ from rlkit.rollout import rollout
 from rlkit.sync import version_dir
 from rlkit.update import grpo_update
 from tests.distributed.conftest import max_abs_diff as _max_diff
-from tests.distributed.conftest import perturb_lora, start_cluster
+from tests.distributed.conftest import assert_optimizer_state_matches, perturb_lora, start_cluster
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 LR = 2e-2
@@ -91,12 +91,7 @@ def test_two_replicated_ranks_match_single_process(cluster, make_policy, env_nod
     assert m_local["policy/grad_norm"] > algo.max_grad_norm  # clipping was exercised
     assert m_local["policy/distinct_fraction"] < 1.0  # the duplicate was merged
     assert m_dist["policy/shared_prefix_fraction"] == 1.0
-    full = cluster.optimizer_state()
-    local_state = opt.state_dict()["state"]
-    assert sorted(full) == sorted(local_state)
-    for i in local_state:
-        for k in ("exp_avg", "exp_avg_sq", "step"):
-            assert float((full[i][k] - local_state[i][k]).abs().max()) <= TOL, (i, k)
+    assert_optimizer_state_matches(cluster, opt, TOL)
 
 
 def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env_node, tmp_path):

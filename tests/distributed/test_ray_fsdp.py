@@ -19,7 +19,7 @@ from rlkit.rollout import rollout
 from rlkit.sync import SyncError, version_dir
 from rlkit.update import grpo_update
 from tests.distributed.conftest import max_abs_diff as _max_diff
-from tests.distributed.conftest import perturb_lora, start_cluster
+from tests.distributed.conftest import assert_optimizer_state_matches, perturb_lora, start_cluster
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 # mini-batches of 3 over 6 sequences split 2/1 across the ranks, micro-batches of 1: rank 1 runs a
@@ -96,12 +96,7 @@ def test_two_ranks_and_two_rollout_workers_match_single_process(cluster, make_po
     assert gen_dist.get_state().equal(gen_local.get_state())  # the shuffle stream advanced identically
     assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
     # sharded AdamW state, gathered, equals the single-process optimizer's
-    full = cluster.optimizer_state()
-    local_state = opt.state_dict()["state"]
-    assert sorted(full) == sorted(local_state)
-    for i in local_state:
-        for k in ("exp_avg", "exp_avg_sq", "step"):
-            assert float((full[i][k] - local_state[i][k]).abs().max()) <= TOL, (i, k)
+    assert_optimizer_state_matches(cluster, opt, TOL)
 
     # the adapter reaches the engine: logprobs change after the sync and equal a fresh model's with v2
     after = cluster.generate([_prompt(local)], greedy_probe, version=2)[0][0]
