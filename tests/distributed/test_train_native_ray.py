@@ -3,6 +3,8 @@ resume that runs one more step: the same result.json / metrics / checkpoints as 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -29,6 +31,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow  # 46 s on session 8's machine; the replicated and FSDP2 equality tests cover the cluster by default
 def test_smoke_run_and_resume_on_ray(tmp_path):
     out = tmp_path / "run"
     # with the demonstration loss: the 2-step warm start solves nothing, so every task gets its demonstration

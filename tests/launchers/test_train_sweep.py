@@ -8,11 +8,14 @@ and SFT warm start are built by one of them under rlkit's cache lock while the o
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from tests.launchers.conftest import REPO, run_sweep
 
 
+@pytest.mark.slow  # 31 s; tests/launchers/test_ray_sweep.py keeps the launcher's own tests in the default suite
 def test_train_smoke_sweep_on_ray(ray_cluster, tmp_path):
     sweep_dir = tmp_path / "multirun"
     sweep = run_sweep(REPO / "train.py", [

@@ -104,6 +104,7 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 16 s: starts its own Ray instance with metrics export
 def test_gauges_reach_the_ray_prometheus_endpoint(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(port), str(tmp_path / "2026-01-01" / "run7"), "150"],
