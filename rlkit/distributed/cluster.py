@@ -97,9 +97,14 @@ class RayCluster:
         self.owns_ray = False
         self.dashboard_url: str | None = None
         self.param_specs: list[tuple[str, tuple[int, ...]]] = []
-        self.sharded = True  # FSDP2 over the ranks; False: one rank, unsharded (fsdp.SingleRankRoot), or ddp
         self.strategy = "fsdp"
         self.startup_s = 0.0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks run FSDP2 (strategy "fsdp"); one rank without mixed precision does not, nor
+        do replicated ranks."""
+        return self.strategy == "fsdp"
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -132,7 +137,6 @@ class RayCluster:
         infos = _get_all([t.setup.remote(addr, port) for t in self.trainers] + [r.ready.remote() for r in self.rollouts],
                          s.startup_timeout_s, "trainer and rollout workers")
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
-        self.sharded = bool(infos[0]["sharded"])
         self.strategy = str(infos[0]["strategy"])
         self.startup_s = time.perf_counter() - t0
         log.info("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",

@@ -112,9 +112,8 @@ class TrainerWorker:
         """Join the process group, load and shard the policy, build the optimizer.
 
         Returns: {"rank", "pid", "threads", "device", "params": [(name, shape)] of the trainable
-        parameters in optimizer order (rank 0 only; [] elsewhere), "sharded": False for a single rank
-        without mixed precision (SingleRankRoot: the policy is left unsharded) and for strategy=ddp,
-        "strategy": "fsdp" | "ddp" | "unsharded"}.
+        parameters in optimizer order (rank 0 only; [] elsewhere), "strategy": "fsdp" (FSDP2 shards) |
+        "ddp" (ReplicatedRoot) | "unsharded" (one rank without mixed precision: SingleRankRoot)}.
         """
         from rlkit.distributed.fsdp import (ReplicatedRoot, SingleRankRoot, init_process_group, shard_policy,
                                             trainable_named_parameters)
@@ -145,7 +144,6 @@ class TrainerWorker:
         return {
             "rank": self.rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "device": str(self.policy.device),
             "params": [(n, tuple(p.shape)) for n, p in named] if self.rank == 0 else [],
-            "sharded": not isinstance(self.root, (SingleRankRoot, ReplicatedRoot)),
             "strategy": ("unsharded" if isinstance(self.root, SingleRankRoot)
                          else "ddp" if isinstance(self.root, ReplicatedRoot) else "fsdp"),
         }
