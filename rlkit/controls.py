@@ -8,8 +8,8 @@ reading its observation). ``control`` in conf/train.yaml picks one; it applies t
 - ``fixed_image``: every image the policy is shown, in training rollouts and in evaluation, is
   replaced by the first observation's images of one fixed training task (``FixedImageEnvSpec``). The
   env itself, its rewards and its success are those of the real task, so what the policy can still
-  learn is what needs no picture: the answer prior (and the text of the observation). Native
-  backend only (backend=native_ray builds its envs on the workers).
+  learn is what needs no picture: the answer prior (and the text of the observation). backend=native
+  wraps its env spec; backend=native_ray's rollout workers wrap their own (RolloutSpec.fixed_image_seed).
 - ``shuffled_reward``: each step's rewards are permuted across the batch before the group
   advantages are computed (``shuffle_rewards``), so an advantage says nothing about the
   trajectory it weights; logged rewards stay the real ones. Any backend that computes advantages

@@ -84,8 +84,8 @@ class NativeBackend:
 
 
 class NativeRun:
-    #: control=fixed_image wraps the env spec in this process (rlkit/controls.py); a backend whose
-    #: envs live elsewhere (native_ray's workers) sets this False and refuses it
+    #: control=fixed_image wraps the env spec in this process (rlkit/controls.py) and, on native_ray, on
+    #: every rollout worker (RolloutSpec.fixed_image_seed); a backend that cannot sets this False and refuses it
     supports_fixed_image_control = True
     #: algorithm.selective_rollout_explore's rlkit.tasks.SolvedTaskFilter (set in setup; None = off)
     task_filter: SolvedTaskFilter | None = None
@@ -148,13 +148,18 @@ class NativeRun:
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
                      else self._grounded_base())
         self.base_path = base_path  # the warm start (or grounded base) this run starts from; result.json names it
+        # control=fixed_image: a training task whose first picture every env shows (after the warm start, so
+        # the control starts from the same policy). Drawn before _build_policy: native_ray's rollout workers
+        # wrap their own envs with it (RolloutSpec.fixed_image_seed).
+        self.fixed_image_seed: int | None = None
+        if cfg.get("control") == "fixed_image":
+            self.fixed_image_seed = TaskSampler(cfg.seed + 1, self.env_spec.is_eval_seed).sample(1)[0]
         self._build_policy(base_path)
-        if cfg.get("control") == "fixed_image":  # after the warm start: the control starts from the same policy
+        if self.fixed_image_seed is not None:
             from rlkit.controls import FixedImageEnvSpec
 
-            image_seed = TaskSampler(cfg.seed + 1, self.env_spec.is_eval_seed).sample(1)[0]
-            self.env_spec = FixedImageEnvSpec(self.env_spec, image_seed)
-            self.progress.say(f"control=fixed_image: every image shown is task {image_seed}'s first observation")
+            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
+            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
         self.sampling = SamplingParams(
             temperature=self.rollout_cfg.temperature, top_p=self.rollout_cfg.top_p,
             top_k=self.rollout_cfg.top_k, max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
@@ -207,8 +212,8 @@ class NativeRun:
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
         if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
-            problems.append(f"control=fixed_image is built by backend=native only (this backend runs its envs on "
-                            "other processes); use backend=native, or control=shuffled_reward here")
+            problems.append("control=fixed_image is not built by this backend (it runs its envs on other processes "
+                            "that do not wrap them); use backend=native or native_ray, or control=shuffled_reward here")
         k = self.algo.screening_samples
         if k == 1 or k >= max(cfg.group_size, 2):
             problems.append(f"algorithm.screening_samples={k}: screening needs 2 <= screening_samples < group_size="

@@ -118,8 +118,6 @@ class RemotePolicy:
 class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
-    supports_fixed_image_control = False  # the envs are built on the rollout workers
-
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
         from rlkit.sync import run_key_for, sync_root
@@ -147,7 +145,8 @@ class RayNativeRun(NativeRun):
                                    mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s,
                                    strategy=s.strategy, **common)
         rollout_spec = RolloutSpec(env=OmegaConf.to_container(cfg.env, resolve=True), sync_timeout_s=s.sync_timeout_s,
-                                   reuse_kv_cache=self.rollout_cfg.reuse_kv_cache, **common)
+                                   reuse_kv_cache=self.rollout_cfg.reuse_kv_cache,
+                                   fixed_image_seed=self.fixed_image_seed, **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start()
         self.progress.say(

@@ -70,6 +70,7 @@ class RolloutSpec:
     device_type: str
     deterministic: bool = False
     reuse_kv_cache: bool = True  # rollout.reuse_kv_cache: multi-turn episodes keep their KV cache across turns
+    fixed_image_seed: int | None = None  # control=fixed_image: every env shows this training task's first picture
 
 
 def configure_process(threads: int, deterministic: bool = False) -> None:
@@ -255,6 +256,10 @@ class RolloutWorker:
         configure_process(spec.threads, spec.deterministic)
         self.index, self.spec = int(index), spec
         self.env_spec = instantiate_plugin(OmegaConf.create(spec.env), "env")
+        if spec.fixed_image_seed is not None:  # control=fixed_image (rlkit/controls.py), as the driver's
+            from rlkit.controls import FixedImageEnvSpec
+
+            self.env_spec = FixedImageEnvSpec(self.env_spec, spec.fixed_image_seed)
         self.policy = load_worker_policy(spec.policy, spec.base_path, device=spec.device_type)
         self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)

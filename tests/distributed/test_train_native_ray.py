@@ -35,9 +35,12 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 def test_smoke_run_and_resume_on_ray(tmp_path):
     out = tmp_path / "run"
     # with the demonstration loss: the 2-step warm start solves nothing, so every task gets its demonstration
-    args = ["backend=native_ray", "experiment=smoke", "logger=console", "algorithm.demo_coef=0.5", f"hydra.run.dir={out}"]
+    # as a fixed-image control: the driver draws the picture, the rollout worker wraps its envs with it
+    args = ["backend=native_ray", "experiment=smoke", "logger=console", "algorithm.demo_coef=0.5", "control=fixed_image",
+            f"hydra.run.dir={out}"]
     proc = _run(args, tmp_path)
     assert "native_ray: 1 trainer rank(s) (unsharded, gloo) + 1 rollout worker(s), colocated" in proc.stdout
+    assert "control=fixed_image: every image shown is task" in proc.stdout
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "completed" and result["steps_completed"] == 2 and result["eval_num_tasks"] == 4
     adapter = Path(result["adapter_dir"])
