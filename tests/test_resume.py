@@ -164,6 +164,7 @@ def test_sigkill_mid_segment_of_a_longer_run_keeps_wandb_history(tmp_path, cache
     assert assert_wandb_matches_metrics(run) == list(range(41))
 
 
+@pytest.mark.slow  # 27 s; adaptive rounds are opt-in, and the sigkill tests cover the default resume path bitwise
 def test_resume_with_adaptive_dynamic_sampling_sizes_the_next_round_as_the_uninterrupted_run(tmp_path, cache):
     """The adaptive rounds are sized from the previous step's informative share, which the checkpoint
     keeps: without it the resumed step 3 would draw a round of 2 tasks where the uninterrupted run drew
