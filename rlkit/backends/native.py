@@ -84,9 +84,6 @@ class NativeBackend:
 
 
 class NativeRun:
-    #: control=fixed_image wraps the env spec in this process (rlkit/controls.py) and, on native_ray, on
-    #: every rollout worker (RolloutSpec.fixed_image_seed); a backend that cannot sets this False and refuses it
-    supports_fixed_image_control = True
     #: algorithm.selective_rollout_explore's rlkit.tasks.SolvedTaskFilter (set in setup; None = off)
     task_filter: SolvedTaskFilter | None = None
 
@@ -211,9 +208,6 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
-        if cfg.get("control") == "fixed_image" and not self.supports_fixed_image_control:
-            problems.append("control=fixed_image is not built by this backend (it runs its envs on other processes "
-                            "that do not wrap them); use backend=native or native_ray, or control=shuffled_reward here")
         k = self.algo.screening_samples
         if k == 1 or k >= max(cfg.group_size, 2):
             problems.append(f"algorithm.screening_samples={k}: screening needs 2 <= screening_samples < group_size="

@@ -17,7 +17,7 @@ def _worker(policy_node, env_node, tmp_path, fixed_image_seed):
     return RolloutWorker(0, spec)  # in this process: the class Ray runs as an actor
 
 
-def test_rollout_worker_shows_the_fixed_image_in_rollouts_and_demonstrations(policy_node, env_node, tmp_path):
+def test_rollout_worker_shows_the_fixed_image_in_its_envs_and_demonstrations(policy_node, env_node, tmp_path):
     real = _worker(policy_node, env_node, tmp_path, None)
     blind = _worker(policy_node, env_node, tmp_path, 1000)
     fixed = _pixels(real.env_spec.make().reset(1000))
