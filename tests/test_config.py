@@ -104,9 +104,11 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     default = _compose([])
     assert (default.steps, default.algorithm.lr_schedule) == (300, "cosine")
     assert (default.algorithm.dynamic_sampling_max_rounds, default.algorithm.filter_zero_variance_groups) == (3, True)
+    assert (default.tasks_per_step, default.algorithm.demo_coef, default.algorithm.dynamic_sampling_adaptive_batch) == (16, 0.3, True)
     nine = _compose(["env=visgym"])
     assert (nine.steps, nine.algorithm.lr_schedule) == (150, "constant")
     assert (nine.algorithm.dynamic_sampling_max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
+    assert (nine.tasks_per_step, nine.algorithm.demo_coef, nine.algorithm.dynamic_sampling_adaptive_batch) == (8, 0.0, False)
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
     assert (default.lr, nine.lr) == (2e-3, 1e-3)
     assert not _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.lora.include_vision  # tiny policy only
@@ -137,7 +139,25 @@ def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_lo
     # the recipe's values stay: grounding, lr 2e-3 on a cosine, dynamic sampling, the tower's adapter
     assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.algorithm.lr_schedule == "cosine"
     assert cfg.algorithm.dynamic_sampling_max_rounds == 3 and cfg.policy.lora.include_vision is True
-    assert _compose([]).algorithm.demo_coef == 0.0  # the default job does not use it
+    # it keeps the 8 tasks a step and plain rounds it was measured with, where the default recipe has 16 and adaptive
+    assert (cfg.tasks_per_step, cfg.algorithm.dynamic_sampling_adaptive_batch) == (8, False)
+    assert _compose(["experiment=long_demo_pipelined"]).tasks_per_step == 8
+
+
+def test_default_backend_is_two_replicated_ranks_on_ray_and_the_command_line_wins():
+    # conf/backend/native_ray_ddp.yaml: native_ray with 2 DDP ranks and 2 rollout workers, one core each
+    b = _compose([]).backend
+    assert b._target_ == "rlkit.backends.ray_native.RayNativeBackend"
+    assert (b.num_workers, b.strategy, b.cpus_per_worker, b.colocate) == (2, "ddp", 1, True)
+    assert _compose(["env=visgym"]).backend.strategy == "ddp"  # every env, not only the 7x7 recipe
+    assert _compose(["backend=native"]).backend._target_ == "rlkit.backends.native.NativeBackend"
+    plain = _compose(["backend=native_ray"]).backend  # native_ray keeps its own defaults
+    assert (plain.num_workers, plain.strategy) == (1, "fsdp")
+    assert _compose(["backend.num_workers=4"]).backend.num_workers == 4
+    # the smoke run stays in one process (no Ray start-up in tests); the command line still moves it onto Ray
+    assert _compose(["experiment=smoke"]).backend._target_ == "rlkit.backends.native.NativeBackend"
+    assert _compose(["experiment=smoke", "backend=native_ray"]).backend._target_.endswith("RayNativeBackend")
+    assert _compose(["experiment=hyperpod_visgym"]).backend._target_ == "rlkit.backends.skyrl.SkyRLBackend"
 
 
 def test_long_demo_pipelined_is_long_demo_with_the_rollout_beside_the_update():

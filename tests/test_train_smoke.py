@@ -194,10 +194,11 @@ def test_screening_runs_end_to_end_and_demonstrates_the_tasks_it_screened_out(tm
 
 def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
     # the 2-step warm start solves nothing, so with the filter every group is dropped and no update runs;
-    # the cosine schedule is per GRPO step all the same (torch warns about that unless told not to)
+    # the cosine schedule is per GRPO step all the same (torch warns about that unless told not to). Without
+    # the recipe's demonstration loss: its demonstrations of the all-fail tasks would be an update of their own.
     out = tmp_path / "run"
     proc = _run(["experiment=smoke", "algorithm.filter_zero_variance_groups=true", "algorithm.lr_schedule=cosine",
-                 "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
+                 "algorithm.demo_coef=0", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
     steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [ln for ln in steps if "reward/mean" in ln]
     skipped = [ln for ln in steps if ln.get("policy/skipped") == 1.0]
