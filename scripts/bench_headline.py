@@ -15,10 +15,12 @@ image, rlkit/controls.py) from the same warm start, plotted dashed beside it, an
 shows too is the answer prior being learned, not the mazes being read. ``--control none`` skips it;
 ``--control-seeds 0`` runs it beside seed 0 only.
 
-The seeds run one after another. To use more cores, start the runs yourself, one per core
+The seeds run one after another. The default job already uses two cores (``backend=native_ray_ddp``:
+two replicated ranks, one torch thread each), so on a 2-core machine run its seeds one at a time.
+Single-process recipes (``backend=native``) can run one per core: start them yourself
 (``OMP_NUM_THREADS=1 taskset -c N .venv/bin/python train.py seed=S logger=console <overrides>
 hydra.run.dir=<out>/seed<S>``, and ``control=fixed_image`` into ``<out>/seed<S>_fixed_image``), then
-collect them with ``--reuse`` (the README's numbers were made so).
+collect them with ``--reuse``.
 
 Not a test: timings depend on the machine and its load.
 """
