@@ -83,6 +83,9 @@ class AlgorithmConfig:
     # demonstration() and backend=native or native_ray. At most demo_max_tasks demonstrations a step.
     demo_coef: float = 0.0
     demo_max_tasks: int = 16
+    # Which tasks are demonstrated: those whose group had at most demo_max_successes successes (0 = only
+    # the all-fail tasks, ReLIFT's hardest; 1 = also the ones a single sample solved). < group_size.
+    demo_max_successes: int = 0
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
@@ -338,6 +341,7 @@ RANGES: dict[str, Range] = {
     "algorithm.entropy_coef": Range(0, note="0 = no entropy bonus"),
     "algorithm.demo_coef": Range(0, note="0 = no demonstration loss"),
     "algorithm.demo_max_tasks": Range(1, integer=True),
+    "algorithm.demo_max_successes": Range(0, integer=True, note="0 = only the tasks whose samples all failed"),
     "algorithm.update_epochs": Range(1, integer=True, note="passes over each step's batch"),
     "algorithm.mini_batch_size": Range(1, integer=True, none=True, note="null = the whole batch"),
     "algorithm.micro_batch_size": Range(1, integer=True),

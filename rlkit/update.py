@@ -150,20 +150,25 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     return keep
 
 
-def all_fail_tasks(trajectories: list[Trajectory], group_size: int) -> list[int]:
+def all_fail_tasks(trajectories: list[Trajectory], group_size: int, max_successes: int = 0) -> list[int]:
     """Seeds of the tasks none of whose ``group_size`` samples succeeded (``episode.success``), in order
-    of first appearance, each once: the tasks the ``demo_coef`` term teaches by demonstration.
+    of first appearance, each once: the tasks the ``demo_coef`` term teaches by demonstration. With
+    ``max_successes`` k > 0 (``algorithm.demo_max_successes``), also the tasks of groups with at most k
+    successes.
 
     Args: trajectories: groups contiguous (``group_size`` samples each, as rlkit.rollout returns them).
-    Raises: ValueError if their number is not a multiple of group_size.
+    Raises: ValueError if their number is not a multiple of group_size, or max_successes is not in
+        [0, group_size).
     """
     if group_size < 1 or len(trajectories) % group_size:
         raise ValueError(f"{len(trajectories)} trajectories are not whole groups of {group_size}")
+    if not 0 <= max_successes < group_size:
+        raise ValueError(f"algorithm.demo_max_successes must be in [0, group_size={group_size}), got {max_successes}")
     seeds: list[int] = []
     for k in range(0, len(trajectories), group_size):
         group = trajectories[k : k + group_size]
         seed = group[0].episode.seed
-        if not any(t.episode.success for t in group) and seed not in seeds:
+        if sum(bool(t.episode.success) for t in group) <= max_successes and seed not in seeds:
             seeds.append(seed)
     return seeds
 

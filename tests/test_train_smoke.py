@@ -114,10 +114,12 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.dynamic_sampling_adaptive_batch=true", "it needs algorithm.dynamic_sampling_max_rounds > 0"),
     ("algorithm.behav_imp_weight_cap=5", "caps the decoupled loss's importance weights"),  # without decoupled_loss
     ("algorithm.selective_rollout_explore_hard=0.5", "is part of the selective rollout filter"),  # filter off
+    ("algorithm.demo_max_successes=2", "algorithm.demo_max_successes=2: a group of group_size=2"),  # smoke: G=2
+    ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", override,
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", *override.split(),
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1

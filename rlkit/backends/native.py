@@ -214,6 +214,14 @@ class NativeRun:
                             f"{cfg.group_size} (one sample cannot show rewards that differ, and the screening samples "
                             "are part of each kept group of group_size); use 0 (off)"
                             + (f" or 2..{cfg.group_size - 1}" if cfg.group_size > 2 else " or group_size >= 3"))
+        m = self.algo.demo_max_successes
+        if m >= cfg.group_size:
+            problems.append(f"algorithm.demo_max_successes={m}: a group of group_size={cfg.group_size} with that many "
+                            "successes has nothing left to demonstrate; use 0 (only all-fail tasks) .. "
+                            f"{cfg.group_size - 1}")
+        elif m > 0 and self.algo.demo_coef == 0.0:
+            problems.append(f"algorithm.demo_max_successes={m} picks the tasks of the demonstration loss, which is off "
+                            "(algorithm.demo_coef=0): set demo_coef > 0, or demo_max_successes to 0")
         if self.algo.dynamic_sampling_adaptive_batch and (self.algo.dynamic_sampling_max_rounds == 0 or k > 0):
             problems.append("algorithm.dynamic_sampling_adaptive_batch=true sizes dynamic sampling's rounds: it needs "
                             "algorithm.dynamic_sampling_max_rounds > 0 and algorithm.screening_samples=0 (screening "
@@ -548,7 +556,7 @@ class NativeRun:
         from rlkit.update import all_fail_tasks
 
         t0 = time.time()
-        seeds = all_fail_tasks(sampled, group_size)[: self.algo.demo_max_tasks]
+        seeds = all_fail_tasks(sampled, group_size, self.algo.demo_max_successes)[: self.algo.demo_max_tasks]
         demos = self._demonstration_trajectories(seeds) if seeds else []
         timing["demo/tasks"] = float(len(demos))
         timing["timing/demo"] = time.time() - t0

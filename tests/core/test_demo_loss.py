@@ -80,3 +80,17 @@ def test_all_fail_tasks_are_the_groups_without_a_success():
     assert all_fail_tasks(trajs, g) == [5, 7]  # in order, each once (task 5 drawn again in a later round)
     with pytest.raises(ValueError, match="whole groups"):
         all_fail_tasks(trajs[:-1], g)
+
+
+def test_demo_max_successes_also_picks_groups_with_few_successes():
+    g = 4
+    groups = [(5, [False] * 4), (6, [False, True, False, False]), (7, [True, True, False, False]),
+              (8, [True] * 4), (9, [False, False, False, True])]
+    trajs = [_traj(seed, s) for seed, flags in groups for s in flags]
+    assert all_fail_tasks(trajs, g, max_successes=0) == [5]
+    assert all_fail_tasks(trajs, g, max_successes=1) == [5, 6, 9]
+    assert all_fail_tasks(trajs, g, max_successes=2) == [5, 6, 7, 9]
+    assert all_fail_tasks(trajs, g, max_successes=3) == [5, 6, 7, 9]  # an all-success group is never picked
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match="demo_max_successes"):
+            all_fail_tasks(trajs, g, max_successes=bad)

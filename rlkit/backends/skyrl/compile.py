@@ -413,6 +413,11 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native and native_ray only "
             "(SkyRL's trainer computes its own loss); set it to 0"
         )
+    if algo.demo_max_successes != 0:
+        problems.append(
+            f"algorithm.demo_max_successes={algo.demo_max_successes} picks the demonstration loss's tasks, which runs in "
+            "backend=native and native_ray only; set it to 0"
+        )
     if algo.entropy_coef != 0.0:
         problems.append(
             f"algorithm.entropy_coef={algo.entropy_coef}: SkyRL averages its entropy term per micro-batch "
