@@ -150,11 +150,11 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     return keep
 
 
-def all_fail_tasks(trajectories: list[Trajectory], group_size: int, max_successes: int = 0) -> list[int]:
-    """Seeds of the tasks none of whose ``group_size`` samples succeeded (``episode.success``), in order
-    of first appearance, each once: the tasks the ``demo_coef`` term teaches by demonstration. With
-    ``max_successes`` k > 0 (``algorithm.demo_max_successes``), also the tasks of groups with at most k
-    successes.
+def demonstration_tasks(trajectories: list[Trajectory], group_size: int, max_successes: int = 0) -> list[int]:
+    """Seeds of the tasks the ``demo_coef`` term teaches by demonstration, in order of first appearance,
+    each once: those with a group whose ``group_size`` samples had at most ``max_successes``
+    (``algorithm.demo_max_successes``) successes (``episode.success``). 0, the default, picks the all-fail
+    tasks, the hardest ones, as ReLIFT does (Ma et al. 2025, "Learning What Reinforcement Learning Can't").
 
     Args: trajectories: groups contiguous (``group_size`` samples each, as rlkit.rollout returns them).
     Raises: ValueError if their number is not a multiple of group_size, or max_successes is not in

@@ -549,14 +549,14 @@ class NativeRun:
         return SampledBatch(step, trajs, advantages, demos, metrics)
 
     def _demonstrations(self, sampled: list[Any], timing: dict[str, float], group_size: int) -> list[Any]:
-        """The solver's demonstrations of this step's all-fail tasks (rlkit.update.all_fail_tasks over
+        """The solver's demonstrations of this step's hardest tasks (rlkit.update.demonstration_tasks over
         every sampled group of ``group_size``, at most algorithm.demo_max_tasks), for the demo_coef term;
         demo/tasks and timing/demo into ``timing``. A task whose demonstration does not solve it within
         the env's budget is left out."""
-        from rlkit.update import all_fail_tasks
+        from rlkit.update import demonstration_tasks
 
         t0 = time.time()
-        seeds = all_fail_tasks(sampled, group_size, self.algo.demo_max_successes)[: self.algo.demo_max_tasks]
+        seeds = demonstration_tasks(sampled, group_size, self.algo.demo_max_successes)[: self.algo.demo_max_tasks]
         demos = self._demonstration_trajectories(seeds) if seeds else []
         timing["demo/tasks"] = float(len(demos))
         timing["timing/demo"] = time.time() - t0

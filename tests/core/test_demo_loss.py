@@ -9,7 +9,7 @@ from rlkit.config import AlgorithmConfig
 from rlkit.rollout import Trajectory
 from rlkit.sft import demonstration_nll, demonstration_trajectory
 from rlkit.types import Episode
-from rlkit.update import all_fail_tasks, grpo_update
+from rlkit.update import demonstration_tasks, grpo_update
 from tests.core.test_rollout_update import _batch
 from tests.core.test_shared_prefix_update import _update_grad
 
@@ -72,14 +72,14 @@ def _traj(seed, success):
     return Trajectory([1], [1], [0.0], [], ep, group=0, policy_version=0)
 
 
-def test_all_fail_tasks_are_the_groups_without_a_success():
+def test_demonstration_tasks_are_the_groups_without_a_success():
     g = 3
     groups = [(5, [False, False, False]), (6, [False, True, False]), (7, [False] * 3), (5, [False] * 3),
               (8, [True] * 3)]
     trajs = [_traj(seed, s) for seed, flags in groups for s in flags]
-    assert all_fail_tasks(trajs, g) == [5, 7]  # in order, each once (task 5 drawn again in a later round)
+    assert demonstration_tasks(trajs, g) == [5, 7]  # in order, each once (task 5 drawn again in a later round)
     with pytest.raises(ValueError, match="whole groups"):
-        all_fail_tasks(trajs[:-1], g)
+        demonstration_tasks(trajs[:-1], g)
 
 
 def test_demo_max_successes_also_picks_groups_with_few_successes():
@@ -87,10 +87,10 @@ def test_demo_max_successes_also_picks_groups_with_few_successes():
     groups = [(5, [False] * 4), (6, [False, True, False, False]), (7, [True, True, False, False]),
               (8, [True] * 4), (9, [False, False, False, True])]
     trajs = [_traj(seed, s) for seed, flags in groups for s in flags]
-    assert all_fail_tasks(trajs, g, max_successes=0) == [5]
-    assert all_fail_tasks(trajs, g, max_successes=1) == [5, 6, 9]
-    assert all_fail_tasks(trajs, g, max_successes=2) == [5, 6, 7, 9]
-    assert all_fail_tasks(trajs, g, max_successes=3) == [5, 6, 7, 9]  # an all-success group is never picked
+    assert demonstration_tasks(trajs, g, max_successes=0) == [5]
+    assert demonstration_tasks(trajs, g, max_successes=1) == [5, 6, 9]
+    assert demonstration_tasks(trajs, g, max_successes=2) == [5, 6, 7, 9]
+    assert demonstration_tasks(trajs, g, max_successes=3) == [5, 6, 7, 9]  # an all-success group is never picked
     for bad in (-1, 4):
         with pytest.raises(ValueError, match="demo_max_successes"):
-            all_fail_tasks(trajs, g, max_successes=bad)
+            demonstration_tasks(trajs, g, max_successes=bad)
