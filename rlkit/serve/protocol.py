@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import re
+import threading
 import time
 import uuid
 import warnings
@@ -304,6 +305,9 @@ class DecodedImage:
     digest: str
 
 
+_WARNINGS_LOCK = threading.Lock()  # decode_image_url's catch_warnings (the warnings module is not thread-safe)
+
+
 def decode_image_url(url: str, limits: ServeLimits, param: str) -> DecodedImage:
     """Decode an ``image_url`` into an RGB PIL image, enforcing the image limits.
 
@@ -344,16 +348,19 @@ def decode_image_url(url: str, limits: ServeLimits, param: str) -> DecodedImage:
     if not raw:
         raise APIError(400, f"{param}: empty image", param=param, code="invalid_image")
     try:
-        with warnings.catch_warnings():
+        # catch_warnings swaps the process-wide filter list: two threads inside it at once can restore each
+        # other's filters (the bomb warning left an error for everyone, or not an error here), so the
+        # header read that may warn runs under a lock; decoding, the slow part, runs outside it.
+        with _WARNINGS_LOCK, warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
-            w, h = img.size
-            if w * h > limits.max_image_pixels:
-                raise APIError(400, f"{param}: image is {w}x{h} = {w * h} pixels, more than the limit of "
-                               f"{limits.max_image_pixels} pixels", param=param, code="image_too_large")
-            img.seek(0)
-            img.load()
-            rgb = img if img.mode == "RGB" else img.convert("RGB")
+        w, h = img.size
+        if w * h > limits.max_image_pixels:
+            raise APIError(400, f"{param}: image is {w}x{h} = {w * h} pixels, more than the limit of "
+                           f"{limits.max_image_pixels} pixels", param=param, code="image_too_large")
+        img.seek(0)
+        img.load()
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
     except APIError:
         raise
     except Image.DecompressionBombError:
