@@ -139,8 +139,8 @@ class RayCluster:
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
         self.strategy = str(infos[0]["strategy"])
         self.startup_s = time.perf_counter() - t0
-        log.info("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
-                 w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))
+        log.debug("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
+                  w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))
 
     def shutdown(self) -> None:
         """Kill the actors, remove the placement group, and ``ray.shutdown()`` if ``start`` initialised
