@@ -208,6 +208,9 @@ class EvalConfig:
 
     num_tasks: Optional[int] = None  # None = the whole set (64 for visgym_easy_64); smoke uses a few
     pass_k: int = 0  # >0: also sample k times per task at rollout.temperature and report pass@k
+    # >0: at every evaluation also run the policy greedily on the first N tasks the run draws for training
+    # (tasks it has trained on), logged as eval_seen/*: beside eval/* it shows the generalisation gap
+    seen_tasks: int = 0
 
 
 @dataclass
@@ -379,6 +382,7 @@ RANGES: dict[str, Range] = {
     "grounding.seed": _SEED,
     "eval.num_tasks": Range(1, integer=True, none=True, note="null = the whole evaluation set"),
     "eval.pass_k": Range(0, integer=True, note="0 = off"),
+    "eval.seen_tasks": Range(0, integer=True, note="0 = off"),
 }
 
 

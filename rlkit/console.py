@@ -107,7 +107,8 @@ class Progress:
             options.append(f"demos {m['demo/tasks']:.0f}")
         parts[3:3] = options
         if "eval/success_rate" in m:
-            parts.append(f"EVAL {m['eval/success_rate']:.1%}")
+            parts.append(f"EVAL {m['eval/success_rate']:.1%}"
+                         + (f" (trained-on {m['eval_seen/success_rate']:.1%})" if "eval_seen/success_rate" in m else ""))
         self._print("[rlkit] " + " | ".join(parts))
         if self.live_enabled:
             info = [f"reward {m.get('reward/mean', 0):.3f}", f"success {m.get('reward/success_rate', 0):.1%}"]

@@ -24,7 +24,8 @@ def _run(args, tmp_path, timeout=900):
 
 def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     out = tmp_path / "run"
-    proc = _run(["experiment=smoke", "trainer.export_interval=1", f"hydra.run.dir={out}"], tmp_path)
+    proc = _run(["experiment=smoke", "trainer.export_interval=1", "eval.seen_tasks=3", f"hydra.run.dir={out}"],
+                tmp_path)
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "completed"
     assert result["steps_completed"] == 2
@@ -50,6 +51,19 @@ def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     assert any("eval/success_rate" in ln for ln in lines)
     eval_final = json.loads((out / "eval" / "final.json").read_text())
     assert len(eval_final["tasks"]) == 4 and {t["seed"] for t in eval_final["tasks"]} == {0, 1, 2, 3}
+    # eval.seen_tasks=3: greedy success on the first 3 tasks the run drew for training, beside the held-out set
+    from envs.visgym import VisGymMaze
+    from rlkit.tasks import TaskSampler
+
+    spec = VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", wall_move="fail")
+    seen = json.loads((out / "eval" / "seen_final.json").read_text())
+    assert [t["seed"] for t in seen["tasks"]] == TaskSampler(0, spec.is_eval_seed).sample(3)
+    assert not any(spec.is_eval_seed(t["seed"]) for t in seen["tasks"])
+    assert seen["metrics"]["eval_seen/num_tasks"] == 3
+    assert result["eval_seen_num_tasks"] == 3
+    assert result["eval_seen_success_after"] == seen["metrics"]["eval_seen/success_rate"]
+    assert any("eval_seen/success_rate" in ln for ln in lines)
+    assert "trained-on tasks" in proc.stdout
     # W&B offline run files
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "expected one offline W&B run with its .wandb file"
@@ -116,6 +130,8 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.selective_rollout_explore_hard=0.5", "is part of the selective rollout filter"),  # filter off
     ("algorithm.demo_max_successes=2", "algorithm.demo_max_successes=2: a group of group_size=2"),  # smoke: G=2
     ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
+    ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
+    ("eval.seen_tasks=-1", "eval.seen_tasks=-1 must be an integer >= 0"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

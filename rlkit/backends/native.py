@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 #: A change to any other key (env, reward, policy, algorithm, rollout, sft, seed, group_size,
 #: tasks_per_step, eval.num_tasks, ...) makes it another experiment: resuming is refused, listing them.
 #: Each resume that changes something appends what changed, and from which step, to resumes.jsonl.
-RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "reward.timeout_s",
+RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "eval.seen_tasks", "reward.timeout_s",
                   "reward.on_error", "rollout.reuse_kv_cache")
 
 
@@ -129,6 +129,10 @@ class NativeRun:
             raise ConfigError(f"eval.num_tasks={n_eval}: use null (all) or 1..{len(seeds)} "
                               f"(the size of {self.env_spec.eval_set_name})")
         self.eval_seeds = seeds[:n_eval] if n_eval else seeds
+        n_seen, pool_size = self.eval_cfg.seen_tasks, cfg.get("train_tasks")
+        if n_seen and pool_size is not None and n_seen > pool_size:
+            raise ConfigError(f"eval.seen_tasks={n_seen} is more than the train_tasks={pool_size} the run trains on; "
+                              f"use eval.seen_tasks <= {pool_size}")
         if self.algo.demo_coef > 0 and not callable(getattr(self.env_spec.make(), "demonstration", None)):
             raise ConfigError(f"algorithm.demo_coef={self.algo.demo_coef}: env {cfg.env.get('name', '?')} has no "
                               "demonstration() (a solver) to teach its all-fail tasks; set algorithm.demo_coef=0")
@@ -166,6 +170,7 @@ class NativeRun:
                                      max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
                                      stop=self.stop)
         self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
+        self.seen_seeds = self._seen_seeds(self.eval_cfg.seen_tasks, cfg.get("train_tasks"))
         explore = self.algo.selective_rollout_explore
         self.task_filter = (SolvedTaskFilter(cfg.seed, explore, key=getattr(self.env_spec, "task_key", None),
                                              explore_hard=self.algo.selective_rollout_explore_hard)
@@ -424,6 +429,12 @@ class NativeRun:
         t0 = time.time()
         with self.progress.phase("eval", step=step, total=self.cfg.steps, detail=f"{len(self.eval_seeds)} tasks"):
             metrics, per_task, trajs = self._evaluate(step)
+            if self.seen_seeds:
+                seen, seen_tasks = self._evaluate_seen(step)
+                seen = {f"eval_seen/{k.split('/', 1)[1]}": v for k, v in seen.items()
+                        if k in ("eval/success_rate", "eval/num_tasks", "eval/distinct_outputs")}
+                write_outcomes(self.out / "eval" / f"seen_{tag}.json", "trained-on", step, seen, seen_tasks)
+                metrics.update(seen)
         metrics["timing/eval"] = time.time() - t0
         write_outcomes(self.out / "eval" / f"{tag}.json", self.env_spec.eval_set_name, step, metrics, per_task)
         # the first 8 tasks of the fixed set, so the same mazes can be compared across evaluations
@@ -435,6 +446,23 @@ class NativeRun:
         """Hook: rlkit.evaluation.evaluate's (metrics, per_task, trajectories) on the fixed set."""
         return evaluate(self.env_spec, self.policy, self.engine, self.eval_seeds, self.greedy, policy_version=step,
                         pass_k=self.eval_cfg.pass_k, pass_k_sampling=replace(self.sampling, seed=self.cfg.seed + step))
+
+    def _evaluate_seen(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Hook: rlkit.evaluation.evaluate's (eval/* metrics, per_task), greedy, on ``self.seen_seeds`` (no pass@k)."""
+        return evaluate(self.env_spec, self.policy, self.engine, self.seen_seeds, self.greedy, policy_version=step)[:2]
+
+    def _seen_seeds(self, n: int, pool_size: int | None) -> list[int]:
+        """The first ``n`` distinct seeds of this run's training stream (a fresh TaskSampler with the run's
+        seed and pool draws them in the order the run does), for ``eval.seen_tasks``: tasks the run rolls
+        out in its first steps, so greedy success on them is success on trained-on tasks. ``n`` is at
+        most the pool's size (checked in setup)."""
+        if not n:
+            return []
+        stream = TaskSampler(self.cfg.seed, self.env_spec.is_eval_seed, pool_size=pool_size)
+        seeds: list[int] = []
+        while len(seeds) < n:
+            seeds += [s for s in dict.fromkeys(stream.sample(n)) if s not in seeds][: n - len(seeds)]
+        return seeds
 
     def _rollout(self, step: int, seeds: list[int], sampling: Any,
                  group_size: int | None = None) -> tuple[list[Any], dict[str, float]]:
@@ -735,6 +763,8 @@ class NativeRun:
             "eval_num_tasks": len(self.eval_seeds),
             "eval_success_before": self.state.eval_success_before,
             "eval_success_after": final["eval/success_rate"],
+            **({"eval_seen_success_after": final["eval_seen/success_rate"], "eval_seen_num_tasks": len(self.seen_seeds)}
+               if self.seen_seeds else {}),
             "steps_completed": self.state.step,
             "wall_time_s": round(self.state.wall_time_s, 2),
             "adapter_dir": str(adapter_dir),
@@ -751,6 +781,8 @@ class NativeRun:
         before = "-" if result["eval_success_before"] is None else f"{result['eval_success_before']:.1%}"
         self.progress.say(f"eval success on {result['eval_set']} ({result['eval_num_tasks']} tasks): "
                           f"{before} -> {result['eval_success_after']:.1%} after {result['steps_completed']} steps; "
+                          + (f"on {len(self.seen_seeds)} trained-on tasks {result['eval_seen_success_after']:.1%}; "
+                             if self.seen_seeds else "") +
                           f"adapter: {adapter_dir}")
         return result
 

@@ -273,6 +273,9 @@ class RayNativeRun(NativeRun):
     def _evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
         return self.cluster.evaluate(self.eval_seeds, self.greedy, version=step)
 
+    def _evaluate_seen(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        return self.cluster.evaluate(self.seen_seeds, self.greedy, version=step, keep_trajectories=0)[:2]
+
     # ---------------------------------------------------------------- checkpoints
     def _save(self, step: int) -> None:
         state = self.cluster.optimizer_state()

@@ -137,6 +137,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("algorithm.adv_eps=1e-5", "algorithm.adv_eps"),
         ("sft.enabled=true", "sft.enabled"),
         ("eval.pass_k=4", "eval.pass_k"),
+        ("eval.seen_tasks=64", "eval.seen_tasks"),
         ("trainer.deterministic=true", "trainer.deterministic"),
         ("trainer.num_threads=2", "trainer.num_threads"),
         ("policy.image_max_pixels=50176", "policy.image_min_pixels/image_max_pixels"),

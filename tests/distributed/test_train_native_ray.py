@@ -37,12 +37,14 @@ def test_smoke_run_and_resume_on_ray(tmp_path):
     # with the demonstration loss: the 2-step warm start solves nothing, so every task gets its demonstration
     # as a fixed-image control: the driver draws the picture, the rollout worker wraps its envs with it
     args = ["backend=native_ray", "experiment=smoke", "logger=console", "algorithm.demo_coef=0.5", "control=fixed_image",
-            f"hydra.run.dir={out}"]
+            "eval.seen_tasks=3", f"hydra.run.dir={out}"]
     proc = _run(args, tmp_path)
     assert "native_ray: 1 trainer rank(s) (unsharded, gloo) + 1 rollout worker(s), colocated" in proc.stdout
     assert "control=fixed_image: every image shown is task" in proc.stdout
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "completed" and result["steps_completed"] == 2 and result["eval_num_tasks"] == 4
+    assert result["eval_seen_num_tasks"] == 3 and 0.0 <= result["eval_seen_success_after"] <= 1.0
+    assert len(json.loads((out / "eval" / "seen_final.json").read_text())["tasks"]) == 3
     adapter = Path(result["adapter_dir"])
     assert json.loads((adapter / "rlkit_adapter.json").read_text())["version"] == 2
     steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]

@@ -451,6 +451,8 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
         problems.append("trainer.deterministic=true: SkyRL has no deterministic mode (vLLM sampling); set it to false")
     if trainer.max_ckpts_to_keep == 0 or trainer.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep={trainer.max_ckpts_to_keep}: use N >= 1, or -1 to keep all")
+    if eval_cfg.seen_tasks:
+        problems.append(f"eval.seen_tasks={eval_cfg.seen_tasks}: SkyRL evaluates its fixed set only; set eval.seen_tasks=0")
     if eval_cfg.pass_k:
         problems.append(
             f"eval.pass_k={eval_cfg.pass_k}: SkyRL evaluates with one sampling config (greedy here); set eval.pass_k=0"
