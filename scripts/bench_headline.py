@@ -8,6 +8,10 @@ reported separately), the first step/time at which the target is reached, and wr
 
     .venv/bin/python scripts/bench_headline.py --seeds 0 1 2 --out runs/headline
     .venv/bin/python scripts/bench_headline.py --out runs/headline_interactive -- env=visgym_interactive
+    .venv/bin/python scripts/bench_headline.py --seeds 0 --out runs/gap -- eval.seen_tasks=64   # + trained-on tasks
+
+With ``eval.seen_tasks`` the runs also evaluate the tasks they trained on: a ``trained-on`` column and dotted
+curves beside the held-out ones (the generalisation gap; on 7x7 the warm start has seen every training layout).
 
 Each seed also runs its control (``--control``, default ``fixed_image``: the same job fed one fixed
 image, rlkit/controls.py) from the same warm start, plotted dashed beside it, and prints
@@ -39,14 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def curve(run_dir: Path) -> list[dict]:
-    """[{step, wall_time_s, success}] for every evaluation of a run (step 0 = before training)."""
+    """[{step, wall_time_s, success[, seen]}] for every evaluation of a run (step 0 = before training);
+    ``seen``: greedy success on the tasks the run trained on, when it ran with ``eval.seen_tasks``."""
     rows, wall = [], {0: 0.0}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
         if "trainer/wall_time_s" in m:
             wall[m["step"]] = m["trainer/wall_time_s"]
         if "eval/success_rate" in m:
-            rows.append({"step": m["step"], "success": m["eval/success_rate"]})
+            rows.append({"step": m["step"], "success": m["eval/success_rate"],
+                         **({"seen": m["eval_seen/success_rate"]} if "eval_seen/success_rate" in m else {})})
     for r in rows:
         r["wall_time_s"] = wall.get(r["step"], max(wall.values()))
     return rows
@@ -113,10 +119,13 @@ def main() -> None:
             print(f"control {args.control}: warm start {c_res['eval_success_before']:.1%} -> "
                   f"{c_res['eval_success_after']:.1%} after {c_res['steps_completed']} steps (seed {seed})")
         c_by_step = {r["step"]: r["success"] for r in control["curve"]} if control else {}
-        print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'control':>8}" if control else ""))
+        seen = any("seen" in r for r in rows)  # eval.seen_tasks: success on trained-on tasks beside the held-out
+        print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'trained-on':>10}" if seen else "")
+              + (f" {'control':>8}" if control else ""))
         for r in rows:
+            s = (f" {r['seen']:>10.1%}" if "seen" in r else " " * 11) if seen else ""
             c = f" {c_by_step[r['step']]:>8.1%}" if r["step"] in c_by_step else ""
-            print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}{c}")
+            print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}{s}{c}")
         print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no")
     (out / "headline.json").write_text(json.dumps(report, indent=1))
     try:
@@ -132,6 +141,13 @@ def main() -> None:
             succ = [100 * r["success"] for r in run["curve"]]
             line = axes[0].plot(steps, succ, marker="o", label=f"seed {run['seed']}")[0]
             axes[1].plot(walls, succ, marker="o", label=f"seed {run['seed']}", color=line.get_color())
+            seen = [r for r in run["curve"] if "seen" in r]
+            if seen:  # eval.seen_tasks: the same policy on tasks it trained on, dotted
+                label = f"seed {run['seed']}, trained-on tasks"
+                axes[0].plot([r["step"] for r in seen], [100 * r["seen"] for r in seen], ls=":",
+                             color=line.get_color(), label=label)
+                axes[1].plot([r["wall_time_s"] / 60 for r in seen], [100 * r["seen"] for r in seen], ls=":",
+                             color=line.get_color(), label=label)
             if run["control"]:
                 c = run["control"]["curve"]
                 label = f"seed {run['seed']}, control {run['control']['control']}"

@@ -10,14 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _fake_run(run_dir: Path, curve: list[tuple[int, float, float]]) -> None:
-    """A finished train.py folder: result.json and metrics.jsonl with (step, wall s, eval success) rows."""
+def _fake_run(run_dir: Path, curve: list[tuple[int, float, float]], seen: list[float] | None = None) -> None:
+    """A finished train.py folder: result.json and metrics.jsonl with (step, wall s, eval success) rows
+    (and eval_seen/success_rate per row when ``seen`` is given, as eval.seen_tasks logs it)."""
     run_dir.mkdir(parents=True)
     lines = []
-    for step, wall, success in curve:
+    for i, (step, wall, success) in enumerate(curve):
         if step:
             lines.append({"step": step, "trainer/wall_time_s": wall, "reward/mean": 0.5})
-        lines.append({"step": step, "eval/success_rate": success})
+        lines.append({"step": step, "eval/success_rate": success, **({"eval_seen/success_rate": seen[i]} if seen else {})})
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(ln) for ln in lines) + "\n")
     result = {"status": "completed", "eval_success_before": curve[0][2], "eval_success_after": curve[-1][2],
               "steps_completed": curve[-1][0], "wall_time_s": curve[-1][1]}
@@ -28,7 +29,7 @@ def test_reused_runs_give_the_headline_lines_and_controls_only_where_asked(tmp_p
     out = tmp_path / "bench"
     _fake_run(out / "seed0", [(0, 0.0, 0.453), (30, 60.0, 0.9), (60, 120.0, 0.96875)])
     _fake_run(out / "seed0_fixed_image", [(0, 0.0, 0.016), (30, 61.0, 0.031), (60, 119.0, 0.016)])
-    _fake_run(out / "seed1", [(0, 0.0, 0.453), (30, 58.0, 0.953), (60, 117.0, 0.94)])
+    _fake_run(out / "seed1", [(0, 0.0, 0.453), (30, 58.0, 0.953), (60, 117.0, 0.94)], seen=[0.578, 0.97, 0.99])
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_headline.py"), "--reuse", "--seeds", "0", "1",
                            "--control-seeds", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,6 +39,10 @@ def test_reused_runs_give_the_headline_lines_and_controls_only_where_asked(tmp_p
     report = json.loads((out / "headline.json").read_text())
     seed0, seed1 = report["runs"]
     assert seed0["reached_target_at"] == {"step": 60, "success": 0.96875, "wall_time_s": 120.0}
-    assert seed1["reached_target_at"] == {"step": 30, "success": 0.953, "wall_time_s": 58.0}  # first, not last
+    assert seed1["reached_target_at"] == {"step": 30, "success": 0.953, "wall_time_s": 58.0, "seen": 0.97}  # first, not last
     assert [r["success"] for r in seed0["control"]["curve"]] == [0.016, 0.031, 0.016]
     assert seed1["control"] is None and not (out / "seed1_fixed_image").exists()  # not trained: not asked for
+    # eval.seen_tasks: the trained-on column beside the held-out one, only for the run that logged it
+    assert [r.get("seen") for r in seed1["curve"]] == [0.578, 0.97, 0.99]
+    assert all("seen" not in r for r in seed0["curve"])
+    assert "    30       58    95.3%      97.0%" in proc.stdout
