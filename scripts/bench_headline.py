@@ -158,7 +158,9 @@ def main() -> None:
         for ax, xl in zip(axes, ["GRPO step", "training wall time (min)"]):
             ax.axhline(100 * args.target, color="gray", ls="--", lw=1)
             ax.set_xlabel(xl)
-            ax.set_ylabel("greedy success on the eval set (%)")
+            ax.set_ylabel("greedy success (%): the eval set; dotted: trained-on tasks"
+                          if any("seen" in r for run in report["runs"] for r in run["curve"])
+                          else "greedy success on the eval set (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
