@@ -119,11 +119,11 @@ def main() -> None:
             print(f"control {args.control}: warm start {c_res['eval_success_before']:.1%} -> "
                   f"{c_res['eval_success_after']:.1%} after {c_res['steps_completed']} steps (seed {seed})")
         c_by_step = {r["step"]: r["success"] for r in control["curve"]} if control else {}
-        seen = any("seen" in r for r in rows)  # eval.seen_tasks: success on trained-on tasks beside the held-out
-        print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'trained-on':>10}" if seen else "")
+        has_seen = any("seen" in r for r in rows)  # eval.seen_tasks: success on trained-on tasks beside the held-out
+        print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'trained-on':>10}" if has_seen else "")
               + (f" {'control':>8}" if control else ""))
         for r in rows:
-            s = (f" {r['seen']:>10.1%}" if "seen" in r else " " * 11) if seen else ""
+            s = (f" {r['seen']:>10.1%}" if "seen" in r else " " * 11) if has_seen else ""
             c = f" {c_by_step[r['step']]:>8.1%}" if r["step"] in c_by_step else ""
             print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}{s}{c}")
         print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no")

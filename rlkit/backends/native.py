@@ -459,10 +459,10 @@ class NativeRun:
         if not n:
             return []
         stream = TaskSampler(self.cfg.seed, self.env_spec.is_eval_seed, pool_size=pool_size)
-        seeds: list[int] = []
+        seeds: dict[int, None] = {}  # insertion-ordered set: the stream's order, a repeated seed once
         while len(seeds) < n:
-            seeds += [s for s in dict.fromkeys(stream.sample(n)) if s not in seeds][: n - len(seeds)]
-        return seeds
+            seeds.update(dict.fromkeys(stream.sample(n - len(seeds))))
+        return list(seeds)
 
     def _rollout(self, step: int, seeds: list[int], sampling: Any,
                  group_size: int | None = None) -> tuple[list[Any], dict[str, float]]:
