@@ -16,7 +16,9 @@
 # would replace it with 2.13.0 because of the pin.
 # No network, no model hub: the ~100M-parameter tiny Qwen3-VL is built from a config with random weights.
 # Writes gpu_check_out/<UTC time>/ (summary.json, one log per phase, the run folder); exit status 0 = OK.
-# Never run on a GPU as of this commit (written and dry-run tested on CPU only).
+# Not yet run on a GPU itself (dry-run tested on CPU). train.py's CUDA path it drives did run on an H200
+# (scripts/gpu_9x9.py, 2026-12-04); on an image with its own CUDA torch and no network, carry rlkit's
+# pinned packages as wheels (scripts/gpu_wheels.sh) and set PYTHON=python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
