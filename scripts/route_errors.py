@@ -1,6 +1,7 @@
 """Where a run's greedy routes go wrong: failed VisGym maze episodes by the kind of their first error.
 
-    python scripts/route_errors.py outputs/<date>/<time>              # every eval/*.json of the run
+    python scripts/route_errors.py outputs/<date>/<time>              # every eval/*.json of the run (held-out,
+                                                                      # then the trained-on seen_*.json of eval.seen_tasks)
     python scripts/route_errors.py outputs/<date>/<time>/eval/final.json
 
 For each evaluation file: how many episodes failed, and of those how many first walked into a wall (the
@@ -71,8 +72,9 @@ def main() -> None:
     path = Path(args.path)
     if not path.exists():
         sys.exit(f"route_errors: {path} does not exist; give a run folder (with eval/*.json) or one eval json")
-    # step_000000.json, step_000010.json, ..., final.json last
-    files = sorted((path / "eval").glob("*.json"), key=lambda f: (f.stem == "final", f.stem)) if path.is_dir() else [path]
+    # step_000000.json, ..., final.json, then the trained-on tasks' seen_step_000000.json, ..., seen_final.json
+    files = sorted((path / "eval").glob("*.json"),
+                   key=lambda f: (f.stem.startswith("seen_"), f.stem.endswith("final"), f.stem)) if path.is_dir() else [path]
     if not files:
         sys.exit(f"route_errors: no eval/*.json under {path}; give a run folder or an eval json")
     run_dir = path if path.is_dir() else path.parent.parent
@@ -87,7 +89,9 @@ def main() -> None:
     variant, parser_name = args.variant or variant, args.parser or parser_name
     cols = [*ERROR_KINDS, "unparsed"]
     print(f"{'file':<22} {'failed':>9} " + " ".join(f"{c:>13}" for c in cols) + "  right moves before the error (mean)  detours failed")
-    for f in files:
+    for i, f in enumerate(files):
+        if f.stem.startswith("seen_") and (i == 0 or not files[i - 1].stem.startswith("seen_")):
+            print("trained-on tasks (eval.seen_tasks):")
         s = summarize(json.loads(f.read_text()), variant, parser_name)
         pos = "-" if s["mean_error_position"] is None else f"{s['mean_error_position']:.1f}"
         print(f"{f.name:<22} {s['failed']:>4}/{s['tasks']:<4} "

@@ -74,11 +74,13 @@ def test_script_tables_a_run(tmp_path):
         {"seed": 7, "success": True, "actions": ["<answer>stop</answer>"]},  # successes are skipped
     ]
     (tmp_path / "eval").mkdir()
-    for name in ("final.json", "step_000010.json", "step_000000.json"):
+    for name in ("final.json", "seen_final.json", "step_000010.json", "seen_step_000000.json", "step_000000.json"):
         (tmp_path / "eval" / name).write_text(json.dumps({"tasks": tasks}))
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "route_errors.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
-    assert [ln.split()[0] for ln in out.splitlines()[1:]] == ["step_000000.json", "step_000010.json", "final.json"]
+    # held-out evaluations first, in step order, then the trained-on tasks' (eval.seen_tasks) under their own line
+    assert [ln.split()[0] for ln in out.splitlines()[1:]] == [
+        "step_000000.json", "step_000010.json", "final.json", "trained-on", "seen_step_000000.json", "seen_final.json"]
     row = out.splitlines()[3].split()
     assert row[:2] == ["final.json", "2/3"]
     assert row[2:7] == ["1", "0", "0", "0", "1"]  # wall 1, wrong_turn 0, past_goal 0, stopped_short 0, unparsed 1
