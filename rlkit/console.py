@@ -14,13 +14,16 @@ the step in progress. Each finished step also prints one persistent line
 not a terminal (CI logs, Ray job logs, pipes): no escape codes, no redraws.
 
 ``quiet=True`` (``trainer.quiet``, used by CI) prints only the ``say`` lines (start, resume, the
-final result). ETA: mean wall time per step since the first step of this process (evaluations and
+final result). Every persistent line, and the warm-start stages' line every 25 steps even while a
+bar stands for them on a terminal, also goes to the log files of Python's root logger (Hydra's
+``<run dir>/train.log``), not to its console handler, so the console shows each line once. ETA: mean wall time per step since the first step of this process (evaluations and
 checkpoints included) times the steps left, in minutes and seconds.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import sys
 import time
 from contextlib import contextmanager
@@ -38,6 +41,17 @@ from rich.progress import (
 )
 
 TRAIN_PHASE = "rollout + update"
+
+
+def to_log_files(line: str) -> None:
+    """Write ``line`` (INFO, logger name ``rlkit``, its ``[rlkit] `` prefix dropped: the record names the
+    logger) to the root logger's file handlers only (Hydra's train.log); looked up at each call, since
+    Hydra installs a new file handler for each job of a multirun."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if handlers:
+        record = logging.LogRecord("rlkit", logging.INFO, __file__, 0, line.removeprefix("[rlkit] "), None, None)
+        for h in handlers:
+            h.handle(record)
 
 
 class Progress:
@@ -129,6 +143,10 @@ class Progress:
         if self.quiet:
             return
         val = "-" if val_success is None else f"{val_success:.1%}"
+        line = f"[rlkit] sft step {step}/{total} | loss {loss:.4f} | val success {val}"
+        periodic = step % 25 == 0 or step == total
+        if periodic:
+            to_log_files(line)
         if self.live_enabled:
             self._ensure_live()
             if self._phase_name != "sft":
@@ -137,10 +155,8 @@ class Progress:
             self._phases.update(self._phase_task, completed=step,
                                 info=f"loss {loss:.4f} | val success {val}")
             return
-        if step % 25 and step != total:
-            return
-        print(f"[rlkit] sft step {step}/{total} | loss {loss:.4f} | val success {val}",
-              file=sys.stdout, flush=True)
+        if periodic:
+            print(line, file=sys.stdout, flush=True)
 
     def grounding(self, step: int, total: int, loss: float, table: dict[str, float] | None) -> None:
         """Grounding-stage progress: a bar on a terminal, a line every 25 steps otherwise.
@@ -148,6 +164,10 @@ class Progress:
         if self.quiet:
             return
         acc = "-" if not table else " ".join(f"{k} {v:.0%}" for k, v in table.items() if k != "all")
+        line = f"[rlkit] grounding step {step}/{total} | loss {loss:.4f} | held-out {acc}"
+        periodic = step % 25 == 0 or step == total
+        if periodic:
+            to_log_files(line)
         if self.live_enabled:
             self._ensure_live()
             if self._phase_name != "grounding":
@@ -155,10 +175,8 @@ class Progress:
                 self._phases.reset(self._phase_task, total=total, description="grounding", info="")
             self._phases.update(self._phase_task, completed=step, info=f"loss {loss:.4f} | {acc}")
             return
-        if step % 25 and step != total:
-            return
-        print(f"[rlkit] grounding step {step}/{total} | loss {loss:.4f} | held-out {acc}",
-              file=sys.stdout, flush=True)
+        if periodic:
+            print(line, file=sys.stdout, flush=True)
 
     # ----------------------------------------------------------------- phases
     @contextmanager
@@ -200,6 +218,7 @@ class Progress:
 
     # ---------------------------------------------------------------- helpers
     def _print(self, line: str) -> None:
+        to_log_files(line)
         if self._live is not None:
             self._live.console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:

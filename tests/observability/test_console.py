@@ -104,3 +104,34 @@ def test_a_pipelined_step_shows_its_update_beside_the_sampling_ahead(capsys):
     first, last = capsys.readouterr().out.splitlines()
     assert "| 1.5s (update 0.9s while sampling ahead 0.6s) |" in first, first
     assert "| 1.5s (rollout 1.0s, update 0.4s) |" in last, last
+
+
+def test_lines_reach_the_log_file_once_and_not_the_console_handler(tmp_path, capsys):
+    import logging
+
+    root = logging.getLogger()
+    file_handler = logging.FileHandler(tmp_path / "train.log")
+    file_handler.setFormatter(logging.Formatter("[%(name)s][%(levelname)s] - %(message)s"))
+    stream = io.StringIO()
+    console_handler = logging.StreamHandler(stream)  # Hydra's console handler: must not repeat the lines
+    root.addHandler(file_handler)
+    root.addHandler(console_handler)
+    try:
+        p = Progress(live=False)
+        p.say("setup 3s")
+        p.step(1, 2, M)
+        buf = io.StringIO()  # on a terminal the sft stage is a bar, but its lines every 25 steps still reach the file
+        live = Progress(console=Console(file=buf, force_terminal=True, width=120, color_system=None))
+        for s in (24, 25, 26):
+            live.sft(s, 100, 0.5, None)
+        live.close()
+    finally:
+        root.removeHandler(file_handler)
+        root.removeHandler(console_handler)
+        file_handler.close()
+    lines = (tmp_path / "train.log").read_text().splitlines()
+    assert lines[0] == "[rlkit][INFO] - setup 3s"
+    assert lines[1].startswith("[rlkit][INFO] - step 1/2 | reward 0.250")
+    assert lines[2:] == ["[rlkit][INFO] - sft step 25/100 | loss 0.5000 | val success -"]
+    assert stream.getvalue() == ""
+    assert capsys.readouterr().out.count("[rlkit] step 1/2") == 1
