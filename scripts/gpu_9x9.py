@@ -53,7 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.gpu_check import GPU_SIZES, Deadline, metrics_rows, run_phase  # noqa: E402
 
-#: The 7x7 recipe's GRPO settings (conf/recipe/tiny_vl_visgym_small.yaml), applied to 9x9.
+#: The 7x7 recipe's GRPO settings (conf/recipe/tiny_vl_visgym_small.yaml) as of the H200 run, applied to 9x9. The
+#: recipe has since added ``algorithm.entropy_coef=0.01`` (session 14, measured on CPU only): pass it through
+#: ``--extra`` to try it here.
 RECIPE = ["tasks_per_step=16", "group_size=8", "algorithm.lr_schedule=cosine",
           "algorithm.dynamic_sampling_max_rounds=3", "algorithm.dynamic_sampling_adaptive_batch=true",
           "algorithm.filter_zero_variance_groups=true", "algorithm.demo_coef=0.3",
@@ -91,8 +93,13 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate (LoRA)")
     ap.add_argument("--sft-steps", type=int, default=None, help="warm start max_steps (default: sized from the probe)")
     ap.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps (default: sized from the probe)")
+    ap.add_argument("--extra", nargs="*", default=[], help="more train.py overrides for every phase (key=value)")
     ap.add_argument("--out", default=None, help="output folder (default: gpu_9x9_out/<UTC time>)")
     args = ap.parse_args()
+    bad = [kv for kv in args.extra if "=" not in kv]
+    if bad:
+        print(f"gpu_9x9: FAILED: --extra {bad} not key=value (e.g. --extra algorithm.entropy_coef=0.01)", flush=True)
+        return 2
     deadline = Deadline(args.budget_s)
     t_start = time.monotonic()
     out = Path(args.out or ROOT / "gpu_9x9_out" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())).resolve()
@@ -118,6 +125,8 @@ def main() -> int:
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="4",
                HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
     shared = common(args.dry_run, args.sft_lr, args.lr)
+    shared.update(kv.split("=", 1) for kv in args.extra)
+    summary["extra"] = args.extra
 
     def train_cmd(**phase: object) -> list[str]:
         """train.py with the shared overrides, then this phase's (keys with '.' written as '__')."""

@@ -38,6 +38,12 @@ def test_overrides_compose_with_the_train_schema(dry_run):
     assert len(RECIPE) == len({a.split("=")[0] for a in RECIPE})
 
 
+def test_refuses_extra_overrides_that_are_not_key_value(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--out", str(tmp_path / "o"),
+                           "--extra", "algorithm.entropy_coef"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not key=value" in proc.stdout and not (tmp_path / "o").exists()
+
+
 def test_refuses_an_output_folder_in_use(tmp_path):
     (tmp_path / "warm").mkdir()
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--out", str(tmp_path)],
