@@ -16,8 +16,9 @@ not a terminal (CI logs, Ray job logs, pipes): no escape codes, no redraws.
 ``quiet=True`` (``trainer.quiet``, used by CI) prints only the ``say`` lines (start, resume, the
 final result). Every persistent line, and the warm-start stages' line every 25 steps even while a
 bar stands for them on a terminal, also goes to the log files of Python's root logger (Hydra's
-``<run dir>/train.log``), not to its console handler, so the console shows each line once. ETA: mean wall time per step since the first step of this process (evaluations and
-checkpoints included) times the steps left, in minutes and seconds.
+``<run dir>/train.log``), not to its console handler, so the console shows each line once.
+ETA: mean wall time per step since the first step of this process (evaluations and checkpoints
+included) times the steps left, in minutes and seconds.
 """
 
 from __future__ import annotations
