@@ -78,10 +78,11 @@ def common(dry: bool, sft_lr: float, lr: float) -> dict[str, str]:
     return ov
 
 
-def sft_summary(cache: Path) -> dict | None:
-    """The newest sft_summary.json under the cache (None if no warm start was saved)."""
+def newest_sft_summary(cache: Path) -> Path | None:
+    """The newest sft_summary.json under the cache (None if no warm start was saved): the probe's and the
+    warm start's builds share the cache, so the last one written is the phase that just ran."""
     found = sorted((cache / "sft").glob("*/sft_summary.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()) if found else None
+    return found[-1] if found else None
 
 
 def main() -> int:
@@ -159,7 +160,8 @@ def main() -> int:
                           trainer__eval_interval=0, eval__num_tasks=8, hydra__run__dir=out / "probe")
         rc, text, dt = run_phase("probe", probe, env, 150, deadline, out)
         summary["probe_s"] = round(dt, 1)
-        ps = sft_summary(cache)
+        ps_path = newest_sft_summary(cache)
+        ps = json.loads(ps_path.read_text()) if ps_path else None
         rows = [r for r in metrics_rows(out / "probe") if "timing/step" in r]
         if rc != 0 or ps is None or not rows:
             failures.append(f"probe: exit {rc}: {text.strip()[-2000:]}")
@@ -177,12 +179,13 @@ def main() -> int:
     warm = train_cmd(sft__max_steps=sft_steps, sft__eval_every=sft_eval_every, steps=0, hydra__run__dir=out / "warm")
     rc, text, dt = run_phase("warm_start", warm, env, deadline.left() - setup_s - 20, deadline, out)
     summary["warm_start_phase_s"] = round(dt, 1)
-    ws = sft_summary(cache)
+    ws_path = newest_sft_summary(cache)
+    ws = json.loads(ws_path.read_text()) if ws_path else None
     if ws is not None:
         summary.update(sft_max_steps=sft_steps, sft_steps=ws["steps"], sft_val_success=ws["val_success"],
                        sft_wall_s=round(ws["wall_time_s"], 1),
                        sft_curve=[{k: h[k] for k in ("step", "val_success", "loss")} for h in ws["history"]])
-        shutil.copy(sorted((cache / "sft").glob("*/sft_summary.json"))[-1], out / "sft_summary.json")
+        shutil.copy(ws_path, out / "sft_summary.json")
     if rc != 0 or ws is None:
         failures.append(f"warm start: exit {rc}: {text.strip()[-2000:]}")
         return finish()
