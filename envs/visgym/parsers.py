@@ -18,6 +18,9 @@ Chosen by name in the env config (``parser:``):
   (without one: the last non-empty line). Words are right, up, left, down, stop, separated by
   spaces, commas or any other non-letter characters; everything from the first ``stop`` on ends
   the plan (later text is ignored). A plan without stop is valid but never succeeds.
+- ``plan_cells`` (plan mode, our format): the ``plan`` route with the agent's cell written as
+  ``row,column`` before it and after every move, e.g. ``<answer>1,1 right 1,2 down 2,2 stop</answer>``.
+  The cells are the policy's notes; only the moves are executed (see ``PlanCellsParser``).
 
 Every parser has ``parse(text) -> ParsedAction | None`` and ``parse_with_reason(text) ->
 (ParsedAction | None, reason)``; neither raises, whatever the input (empty, huge, unbalanced
@@ -64,10 +67,14 @@ class ParsedAction:
     actions: ``Discrete(5)`` indices in order (0..3 move in action directions 0 right, 1 up,
         2 left, 3 down; 4 stop). One element for the per-turn parsers, the whole route for ``plan``.
     text: the fragment of the output that was read.
+    ends: see below; what an env needs to say which part of the output it acted on.
     """
 
     actions: tuple[int, ...]
     text: str
+    #: for each action, the character offset in the parsed output right after the word that gave it
+    #: (``plan`` and ``plan_cells`` with an ``<answer>`` block; () where not known).
+    ends: tuple[int, ...] = ()
 
 
 def _echo(fragment: str) -> str:
@@ -80,8 +87,9 @@ def describe_action(action: int) -> str:
     return "stop" if action == STOP else f"move {MOVE_NAMES[action]}"
 
 
-def _last_answer_block(text: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` block (case-insensitive), in linear time."""
+def _last_answer_span(text: str) -> tuple[int, int] | None:
+    """(start, end) offsets of the content of the last ``<answer>...</answer>`` block
+    (case-insensitive), in linear time; None without one."""
     lower = text.translate(_ASCII_LOWER)  # keeps indices (str.lower() may change the length)
     end = lower.rfind("</answer>")
     if end < 0:
@@ -89,7 +97,13 @@ def _last_answer_block(text: str) -> str | None:
     start = lower.rfind("<answer>", 0, end)
     if start < 0:
         return None
-    return text[start + len("<answer>") : end]
+    return start + len("<answer>"), end
+
+
+def _last_answer_block(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>`` block (case-insensitive), in linear time."""
+    span = _last_answer_span(text)
+    return None if span is None else text[span[0] : span[1]]
 
 
 class _Parser(ABC):
@@ -107,7 +121,11 @@ class _Parser(ABC):
         if not isinstance(text, str):
             return None, f"expected text, got {type(text).__name__}"
         try:
-            return self._parse(text[-MAX_CHARS:] if self.truncate else text)
+            cut = max(len(text) - MAX_CHARS, 0) if self.truncate else 0
+            parsed, reason = self._parse(text[cut:])
+            if parsed is not None and cut and parsed.ends:  # offsets into the whole output
+                parsed = ParsedAction(parsed.actions, parsed.text, tuple(e + cut for e in parsed.ends))
+            return parsed, reason
         except Exception as e:  # a parser bug must not kill a rollout; report it as a parse failure
             return None, f"parser error ({type(e).__name__})"
 
@@ -380,23 +398,28 @@ class PlanParser(_Parser):
     name = "plan"
 
     def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
-        block = _last_answer_block(text)
-        if block is None:
+        span = _last_answer_span(text)
+        if span is None:  # the last line (its offsets are not kept: backticks are dropped first)
             lines = [ln for ln in text.replace("`", "").splitlines() if ln.strip()]
             if not lines:
                 return None, "empty output; expected e.g. <answer>right down stop</answer>"
-            block = lines[-1]
+            block, offset = lines[-1], None
+        else:
+            block, offset = text[span[0] : span[1]], span[0]
         actions: list[int] = []
-        for tok in _TOKEN_RE.findall(block):
-            word = tok.lower()
+        ends: list[int] = []
+        for m in _TOKEN_RE.finditer(block):
+            word = m.group().lower()
             if word not in _WORDS:
-                return None, f"unknown word {tok[:20]!r} in plan; use right, up, left, down, stop"
+                return None, f"unknown word {m.group()[:20]!r} in plan; use right, up, left, down, stop"
             actions.append(_WORDS[word])
+            ends.append(m.end())
             if word == "stop":
                 break
         if not actions:
             return None, "empty plan; expected e.g. <answer>right down stop</answer>"
-        return ParsedAction(tuple(actions), block.strip()[:200]), ""
+        kept = () if offset is None else tuple(offset + e for e in ends)
+        return ParsedAction(tuple(actions), block.strip()[:200], kept), ""
 
     def format(self, actions: Sequence[int]) -> str:
         """A route as ``<answer>right down stop</answer>``. Raises ValueError on an action not in 0..4."""
@@ -406,8 +429,69 @@ class PlanParser(_Parser):
         return f"<answer>{' '.join(words)}</answer>"
 
 
+class PlanCellsParser(PlanParser):
+    """Plan format with the cells written out: ``<answer>1,1 down 2,1 right 2,2 stop</answer>``.
+
+    The route as ``plan`` words, with the agent's cell as ``row,column`` (full-grid coordinates from 0
+    at the top-left, border included, as ``generate_maze``'s ``maze_map[row, col]``) before the first
+    word and after every move. The cells are the policy's own notes, a scratchpad: the moves alone are
+    executed, and a cell that does not match where the moves lead is not an error. Writing them turns
+    "which move is open here" into a lookup of the written cell's neighbours in the picture, the
+    question the grounding stage trains with coordinates before each value (rlkit.grounding), instead
+    of a position the policy has to track through the words so far. Each cell costs 3 tokens of the
+    tiny tokenizer (`` 2`` ``,`` ``1``), so a 9-step plan is ~40 tokens instead of ~15.
+
+    Parsing is ``plan``'s (the last ``<answer>`` block, else the last non-empty line; everything from
+    the first ``stop`` on ends the plan) after each ``r,c`` pair (digits, optional spaces and
+    parentheses) is dropped; any other number is an unknown word, so the output does not parse.
+    """
+
+    name = "plan_cells"
+
+    def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
+        # each cell becomes as many spaces, so the offsets of the words stay those of the output
+        parsed, reason = super()._parse(_CELL_RE.sub(lambda m: " " * len(m.group()), text))
+        if parsed is None:
+            return None, reason
+        block = _last_answer_block(text)
+        if block is None:
+            block = [ln for ln in text.replace("`", "").splitlines() if ln.strip()][-1]
+        return ParsedAction(parsed.actions, block.strip()[:200], parsed.ends), ""
+
+    def format(self, actions: Sequence[int], cells: Sequence[Sequence[int]] | None = None) -> str:
+        """A route with its cells: ``<answer>1,1 down 2,1 stop</answer>``.
+
+        Args:
+            actions: ``Discrete(5)`` indices, moves then stop.
+            cells: the agent's cell before the first action and after each move: ``len(cells)`` is
+                the number of moves + 1.
+
+        Raises:
+            ValueError: an action not in 0..4, cells missing, or not one more than the moves.
+        """
+        if not actions or any(a not in _WORDS.values() for a in actions):
+            raise ValueError(f"plan takes actions in 0..4, got {list(actions)}")
+        moves = [a for a in actions if a != STOP]
+        if cells is None or len(cells) != len(moves) + 1:
+            raise ValueError(
+                f"plan_cells needs the start cell and the cell after each move ({len(moves) + 1}), "
+                f"got {None if cells is None else len(cells)}"
+            )
+        words, k = [f"{cells[0][0]},{cells[0][1]}"], 1
+        for a in actions:
+            if a == STOP:
+                words.append("stop")
+                break
+            words += [MOVE_NAMES[a], f"{cells[k][0]},{cells[k][1]}"]
+            k += 1
+        return f"<answer>{' '.join(words)}</answer>"
+
+
+_CELL_RE = re.compile(r"\(?\s*\d{1,2}\s*,\s*\d{1,2}\s*\)?")
+
+
 #: Parser names accepted by ``make_parser`` (and by the env config key ``parser``).
-PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan")
+PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells")
 
 _PARSERS = {
     "tuple": UpstreamTupleParser,
@@ -415,6 +499,7 @@ _PARSERS = {
     "tuple_lenient": LenientTupleParser,
     "keyword": KeywordParser,
     "plan": PlanParser,
+    "plan_cells": PlanCellsParser,
 }
 
 

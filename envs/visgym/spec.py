@@ -24,7 +24,7 @@ from PIL import Image
 from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
-ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "tuple_answer")
+ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
 from envs.visgym.maze import VARIANT_SIZES, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example

@@ -37,6 +37,8 @@ def _run(spec: VisGymMaze, seed: int, texts: list[str]) -> tuple[MazeEpisode, li
         dict(mode="interactive", parser="tuple_answer"),
         dict(mode="interactive", parser="keyword"),
         dict(mode="plan", parser="plan"),
+        dict(mode="plan", parser="plan_cells"),
+        dict(variant="small", mode="plan", parser="plan_cells", max_turns=17, wall_move="fail"),
         dict(variant="hard", mode="interactive", parser="tuple", max_turns=34),
         dict(variant="hard", mode="plan", parser="plan", max_turns=34),
     ],
@@ -152,6 +154,10 @@ def test_demonstration_formats():
     assert VisGymMaze(mode="interactive", parser="keyword").demonstration(0)[-1] == "<action>stop</action>"
     plan = VisGymMaze(mode="plan", parser="plan").demonstration(0)
     assert plan == ["<answer>right right up up up up right right right right up up stop</answer>"]
+    cells = VisGymMaze(mode="plan", parser="plan_cells").demonstration(0)
+    # the same route from the start corner (7, 1), the cell written before it and after every move
+    assert cells == ["<answer>7,1 right 7,2 right 7,3 up 6,3 up 5,3 up 4,3 up 3,3 right 3,4 right 3,5 right 3,6 "
+                     "right 3,7 up 2,7 up 1,7 stop</answer>"]
     spec = VisGymMaze(variant="hard", mode="interactive", parser="tuple")
     maze_map, start, goal = generate_maze(7, 11)
     assert len(spec.demonstration(7)) == len(solve_moves(maze_map, start, goal)) + 1

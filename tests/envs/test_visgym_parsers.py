@@ -146,6 +146,36 @@ def test_plan_parser(text, expected):
     _check("plan", text, expected)
 
 
+PLAN_CELLS_CASES = [
+    ("<answer>1,1 right 1,2 down 2,2 stop</answer>", (R, D, S)),
+    ("<answer>(1, 1) right (1,2) stop</answer>", (R, S)),  # parentheses and spaces around a cell
+    ("<answer>right down stop</answer>", (R, D, S)),  # cells may be left out
+    ("<answer>1,1 right 9,9 stop</answer>", (R, S)),  # a wrong cell is the policy's note, not an error
+    ("<answer>1,1 right 1,2 stop 5,5 left</answer>", (R, S)),  # stop ends the plan
+    ("1,1 up 0,1 stop", (U, S)),  # no block: the last line
+    ("<answer>1,1 right 2 stop</answer>", None),  # a bare number is not a cell
+    ("<answer>1,1,1 right stop</answer>", None),  # neither is a triple
+    ("<answer>123,4 right stop</answer>", None),
+    ("<answer>1,1</answer>", None),  # cells and no move
+    ("", None),
+]
+
+
+@pytest.mark.parametrize("text,expected", PLAN_CELLS_CASES)
+def test_plan_cells_parser(text, expected):
+    _check("plan_cells", text, expected)
+
+
+def test_plan_cells_keeps_the_block_it_read_and_needs_cells_to_format():
+    parser = make_parser("plan_cells")
+    assert parser.parse("think <answer>1,1 right 1,2 stop</answer>").text == "1,1 right 1,2 stop"
+    assert parser.format((R, D, S), cells=[(1, 1), (1, 2), (2, 2)]) == "<answer>1,1 right 1,2 down 2,2 stop</answer>"
+    with pytest.raises(ValueError, match="start cell"):
+        parser.format((R, D, S))
+    with pytest.raises(ValueError, match="start cell"):
+        parser.format((R, D, S), cells=[(1, 1), (1, 2)])
+
+
 @pytest.mark.parametrize(
     "text,expected",
     [
@@ -182,6 +212,9 @@ def test_format_round_trip(name):
         seq = (R, U, L, D, S)
         assert parser.parse(parser.format(seq)).actions == seq
         assert parser.format(seq) == "<answer>right up left down stop</answer>"
+    elif name == "plan_cells":
+        seq, cells = (R, U, L, D, S), [(3, 3), (3, 4), (2, 4), (2, 3), (3, 3)]
+        assert parser.parse(parser.format(seq, cells=cells)).actions == seq
     else:
         for a in (R, U, L, D, S):
             assert parser.parse(parser.format([a])).actions == (a,)
