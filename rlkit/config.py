@@ -35,6 +35,12 @@ class AlgorithmConfig:
     # trajectories with a turn cut at rollout.max_new_tokens (no end-of-turn token) are left out of the
     # update's loss. Their rewards still count in their group's advantages and in the logged metrics.
     overlong_filtering: bool = False
+    # Train only on what the env acted on: where a turn's Turn.info says its last ``unexecuted_tokens``
+    # tokens were never executed (a VisGym plan ended at a wall under env.wall_move=fail: the rest of the
+    # route after the bumping move), those tokens are left out of the loss, as the tokens after an
+    # interactive episode's end are never sampled. The bumping move itself and all before it still get
+    # the (negative) advantage. Envs that report nothing are unaffected.
+    mask_unexecuted: bool = False
     # DAPO dynamic sampling: up to this many extra rollout rounds per step (tasks_per_step new tasks
     # each) until tasks_per_step groups with differing rewards are found; the update trains on those
     # groups only. 0 = off. Reward/env metrics stay over everything sampled.

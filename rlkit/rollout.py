@@ -191,12 +191,15 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         if comp.finish_reason == "length":
             ep.length_cut += 1
         out = ep.env.step(comp.text)
+        info = dict(out.info)
+        if isinstance(info.get("unexecuted_from"), int):
+            info["unexecuted_tokens"] = tokens_from(chat.tokenizer, list(comp.token_ids), info["unexecuted_from"])
         ep.turns.append(
             Turn(
                 action_text=comp.text,
                 env_reward=float(out.reward),
                 done=bool(out.done),
-                info=dict(out.info),
+                info=info,
                 finish_reason=comp.finish_reason,
             )
         )
@@ -207,6 +210,20 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         tt = chat.user_turn(out.observation.text, out.observation.images, system=None, first=False)
         ep.append(tt.input_ids, 0)
         ep.images.extend(tt.image_inputs)
+
+
+def tokens_from(tokenizer: Any, token_ids: list[int], offset: int) -> int:
+    """How many of ``token_ids`` (one sampled turn) start at or after character ``offset`` of their text.
+
+    An env that acted on only the first ``offset`` characters of a turn (``info["unexecuted_from"]``,
+    e.g. a VisGym plan that ended at a wall) leaves this many trailing tokens unexecuted; Turn.info
+    records it as ``unexecuted_tokens`` for ``algorithm.mask_unexecuted``. Token j starts at
+    ``len(decode(token_ids[:j]))``. Returns 0..len(token_ids).
+    """
+    for j in range(len(token_ids)):
+        if len(tokenizer.decode(token_ids[:j])) >= offset:
+            return len(token_ids) - j
+    return 0
 
 
 def rollout_stats(trajectories: list[Trajectory]) -> dict[str, float]:

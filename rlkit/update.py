@@ -150,6 +150,32 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     return keep
 
 
+def mask_unexecuted(trajectories: list[Trajectory]) -> int:
+    """``algorithm.mask_unexecuted``: zero, in place, the loss mask of each trajectory's unexecuted tokens.
+
+    A trajectory's last turn may carry ``info["unexecuted_tokens"]`` = k (rlkit.rollout.tokens_from): the
+    last k of its sampled tokens were never acted on by the env. They are the last k mask-1 positions
+    of ``loss_mask`` (the end-of-turn tokens after them are already 0). The turn's info then gets
+    ``unexecuted_masked`` True, so a second call masks nothing. Returns the number of tokens masked.
+    """
+    masked = 0
+    for t in trajectories:
+        turns = t.episode.turns
+        if not turns or turns[-1].info.get("unexecuted_masked"):
+            continue
+        k = int(turns[-1].info.get("unexecuted_tokens", 0))
+        if k:
+            turns[-1].info["unexecuted_masked"] = True  # once: a second call must not mask earlier tokens
+        pos = len(t.loss_mask) - 1
+        while k > 0 and pos >= 0:
+            if t.loss_mask[pos]:
+                t.loss_mask[pos] = 0
+                k -= 1
+                masked += 1
+            pos -= 1
+    return masked
+
+
 def demonstration_tasks(trajectories: list[Trajectory], group_size: int, max_successes: int = 0) -> list[int]:
     """Seeds of the tasks the ``demo_coef`` term teaches by demonstration, in order of first appearance,
     each once: those with a group whose ``group_size`` samples had at most ``max_successes``

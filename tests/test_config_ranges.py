@@ -72,7 +72,7 @@ def test_every_typed_field_has_a_rule():
 
     free = {"algorithm.name", "algorithm.norm_adv_by_std", "algorithm.filter_zero_variance_groups",
             "algorithm.dynamic_sampling_adaptive_batch", "algorithm.decoupled_loss", "algorithm.dedup_identical_samples",
-            "algorithm.overlong_filtering",
+            "algorithm.overlong_filtering", "algorithm.mask_unexecuted",
             "algorithm.adam_betas", "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
             "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",
             "rollout.reuse_kv_cache", "rollout.stop",  # stop: SamplingParams.validate (non-empty strings)

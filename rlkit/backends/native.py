@@ -35,7 +35,7 @@ from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
 from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
 from rlkit.tasks import SolvedTaskFilter, TaskSampler
-from rlkit.update import grpo_update, make_scheduler
+from rlkit.update import grpo_update, make_scheduler, mask_unexecuted
 
 log = logging.getLogger(__name__)
 
@@ -559,6 +559,8 @@ class NativeRun:
             rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
         advantages = (group_advantages(rewards, cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [B*G]
                       if len(rewards) else torch.zeros(0))  # screening that kept no task
+        if self.algo.mask_unexecuted:  # the tokens the env never acted on leave the loss (rlkit/config.py)
+            timing["policy/unexecuted_tokens"] = float(mask_unexecuted(trajs)) / max(len(trajs), 1)
         demos = self._demonstrations(sampled, timing, sampled_group) if self.algo.demo_coef > 0 else None
         metrics = {
             "reward/mean": float(sampled_rewards.mean()),

@@ -247,3 +247,15 @@ def test_failure_reason_echo_is_bounded(name):
     body = "('move', " + "x" * 10_000 + ")"
     parsed, reason = make_parser(name).parse_with_reason(f"<answer>{body}</answer>")
     assert parsed is None and len(reason) < MAX_ECHO + 80
+
+
+@pytest.mark.parametrize("name", ["plan", "plan_cells"])
+def test_plan_ends_are_offsets_into_the_whole_output(name):
+    parser = make_parser(name)
+    body = "<answer>1,1 right 1,2 down 2,2 stop</answer>" if name == "plan_cells" else "<answer>right down stop</answer>"
+    for prefix in ("", "x" * (MAX_CHARS + 5)):  # past MAX_CHARS the parser reads the tail; offsets still count from 0
+        text = prefix + body
+        parsed = parser.parse(text)
+        assert [text[e - len(w) : e] for e, w in zip(parsed.ends, ("right", "down", "stop"))] == ["right", "down", "stop"]
+        assert text[parsed.ends[-1] :] == "</answer>"
+    assert parser.parse("right down stop").ends == ()  # no <answer> block: offsets not kept

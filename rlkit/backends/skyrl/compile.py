@@ -418,6 +418,11 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             f"algorithm.demo_max_successes={algo.demo_max_successes} picks the demonstration loss's tasks, which runs in "
             "backend=native and native_ray only; set it to 0"
         )
+    if algo.mask_unexecuted:
+        problems.append(
+            "algorithm.mask_unexecuted=true: SkyRL's generator builds its own loss masks; it runs in backend=native "
+            "and native_ray only; set it to false"
+        )
     if algo.entropy_coef != 0.0:
         problems.append(
             f"algorithm.entropy_coef={algo.entropy_coef}: SkyRL averages its entropy term per micro-batch "
