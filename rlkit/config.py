@@ -179,6 +179,11 @@ class SFTConfig:
     val_tasks: int = 64
     eval_every: int = 25
     seed: int = 1234
+    # N > 0: N questions of the grounding stage's last curriculum phase (grounding.curriculum, e.g. walls) join
+    # every batch, on their own training mazes, so the warm start keeps reading the picture instead of
+    # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
+    # mean over all answer tokens of the batch. Needs grounding.enabled and an env with grounding questions.
+    grounding_mix: int = 0
 
 
 @dataclass
@@ -373,6 +378,7 @@ RANGES: dict[str, Range] = {
     "sft.batch_size": Range(1, integer=True),
     "sft.lr": Range(0, lo_open=True),
     "sft.warmup_steps": Range(0, integer=True),
+    "sft.grounding_mix": Range(0, integer=True, note="0 = off"),
     "sft.target_success": Range(0, 1),
     "sft.val_tasks": Range(1, integer=True),
     "sft.eval_every": Range(1, integer=True),

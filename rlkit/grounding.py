@@ -141,7 +141,9 @@ def accuracy_table(items: Sequence[GroundingItem], hits: Sequence[bool],
     return {k: float(np.mean(v)) for k, v in sorted(groups.items())}
 
 
-def _draw_examples(env_spec: Any, sampler: TaskSampler, tasks: Sequence[str], n: int, rng: np.random.Generator) -> list[Any]:
+def draw_examples(env_spec: Any, sampler: TaskSampler, tasks: Sequence[str], n: int, rng: np.random.Generator) -> list[Any]:
+    """``n`` grounding questions, each on the maze of a seed ``sampler`` draws and of a task drawn
+    uniformly from ``tasks`` (``env_spec.grounding_example``)."""
     seeds = sampler.sample(n)
     names = [tasks[int(i)] for i in rng.integers(0, len(tasks), size=n)]
     return [env_spec.grounding_example(s, t, rng) for s, t in zip(seeds, names)]
@@ -193,7 +195,7 @@ def train_grounding(
     rng = np.random.default_rng(cfg.seed)
     sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
     val_rng = np.random.default_rng(cfg.seed + 1)
-    val_examples = _draw_examples(env_spec, sampler, all_tasks, cfg.val_questions, val_rng)
+    val_examples = draw_examples(env_spec, sampler, all_tasks, cfg.val_questions, val_rng)
     fixed = env_spec.grounding_example(sampler.sample(1)[0], all_tasks[0], val_rng).image if blind else None
     val_items = [encode_example(policy, ex, fixed) for ex in val_examples]
     params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -207,7 +209,7 @@ def train_grounding(
     share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
         tasks = phases[phase]
-        batch = [encode_example(policy, ex, fixed) for ex in _draw_examples(env_spec, sampler, tasks, cfg.batch_size, rng)]
+        batch = [encode_example(policy, ex, fixed) for ex in draw_examples(env_spec, sampler, tasks, cfg.batch_size, rng)]
         logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False,
                                       shared_prefix=share)  # the system prompt once (rlkit.sft.batch_shares_prefix)
         mask = torch.zeros_like(logprobs)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -76,6 +77,15 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
         content["decoding"] = plain(decoding)
     blob = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
+    """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when it is
+    0 (off builds exactly what the stage built before the key existed, so those caches stay valid)."""
+    plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
+    if not plain.get("grounding_mix"):
+        plain.pop("grounding_mix", None)
+    return plain
 
 
 def checkpoint_fingerprint(folder: Path) -> str:
@@ -214,13 +224,22 @@ def train_sft(
     greedy: Any,
     out_dir: Path,
     progress: Any = None,
+    grounding_tasks: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Train the full policy weights on demonstrations; save to ``out_dir`` atomically.
 
+    With ``cfg.grounding_mix`` = N > 0, N grounding questions (``env_spec.grounding_example`` on tasks
+    drawn from ``grounding_tasks``, training mazes only) join every batch (rlkit.grounding.encode_example).
+
     Returns: a summary dict (steps, val_success, wall_time_s, num_demos), also written to
     ``out_dir/sft_summary.json``.
-    Raises: RuntimeError if the demonstrations do not solve their tasks.
+    Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
+    and the env has no grounding questions or ``grounding_tasks`` is empty.
     """
+    grounding_tasks = list(grounding_tasks)
+    if cfg.grounding_mix > 0 and (not hasattr(env_spec, "grounding_example") or not grounding_tasks):
+        raise ValueError(f"sft.grounding_mix={cfg.grounding_mix} needs grounding questions: an env with "
+                         "grounding_example and grounding.enabled=true; or set sft.grounding_mix=0")
     t0 = time.time()
     gen = torch.Generator().manual_seed(cfg.seed)
     sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
@@ -253,6 +272,10 @@ def train_sft(
     val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
     order: list[int] = []
     share = batch_shares_prefix(policy)
+    if cfg.grounding_mix > 0:
+        from rlkit.grounding import draw_examples, encode_example
+
+        g_sampler, g_rng = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed), np.random.default_rng(cfg.seed + 1)
     while step < cfg.max_steps:
         if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
             batch = draw(cfg.batch_size)
@@ -260,6 +283,9 @@ def train_sft(
             if len(order) < cfg.batch_size:
                 order += torch.randperm(len(demos), generator=gen).tolist()
             batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        if cfg.grounding_mix > 0:  # the grounding questions beside the demonstrations (sft.grounding_mix)
+            batch = batch + [encode_example(policy, ex).trajectory
+                             for ex in draw_examples(env_spec, g_sampler, grounding_tasks, cfg.grounding_mix, g_rng)]
         loss = demonstration_nll(policy, batch, shared_prefix=share)
         loss.backward()
         loss = loss.detach()

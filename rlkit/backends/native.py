@@ -285,12 +285,13 @@ class NativeRun:
         With grounding.enabled, a tiny policy is first visually grounded (``_grounded_base``) and SFT
         starts from that.
         """
-        from rlkit.sft import sft_cache_key, train_sft
+        from rlkit.sft import sft_cache_key, sft_stage_config, train_sft
 
         cfg = self.cfg
         grounded = self._grounded_base()
         # A warm start from a grounded base also depends on how that base was grounded.
-        stage_key = cfg.sft if grounded is None else {"sft": OmegaConf.to_container(cfg.sft, resolve=True),
+        sft_key = sft_stage_config(cfg.sft)
+        stage_key = sft_key if grounded is None else {"sft": sft_key,
                                                       "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
         # the greedy validation that decides where the stage stops decodes with these
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
@@ -307,8 +308,10 @@ class NativeRun:
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
+            phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
+            tasks = (phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))) if grounded else []
             summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
-                                progress=self.progress.sft)
+                                progress=self.progress.sft, grounding_tasks=tasks)
             self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "
                               f"{summary['val_success']:.1%} on {self.sft_cfg.val_tasks} held-out training "
                               f"tasks (not the eval set), {summary['wall_time_s']:.0f}s")

@@ -53,3 +53,11 @@ def test_the_validation_decoding_is_part_of_the_key():
     assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 48, "stop": ["</answer>"]}) == key
     assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 24, "stop": ["</answer>"]}) != key
     assert sft_cache_key(SFT, ENV, _policy(), {"max_new_tokens": 48, "stop": []}) != key
+
+
+def test_grounding_mix_off_keys_as_before_the_option_existed():
+    from rlkit.sft import sft_stage_config
+
+    before = sft_cache_key(SFT, ENV, _policy())
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 0})), ENV, _policy()) == before
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 8})), ENV, _policy()) != before
