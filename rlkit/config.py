@@ -182,7 +182,7 @@ class SFTConfig:
     # N > 0: N questions of the grounding stage's last curriculum phase (grounding.curriculum, e.g. walls) join
     # every batch, on their own training mazes, so the warm start keeps reading the picture instead of
     # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
-    # mean over all answer tokens of the batch. Needs grounding.enabled and an env with grounding questions.
+    # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
 
 

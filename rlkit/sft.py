@@ -234,12 +234,14 @@ def train_sft(
     Returns: a summary dict (steps, val_success, wall_time_s, num_demos), also written to
     ``out_dir/sft_summary.json``.
     Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
-    and the env has no grounding questions or ``grounding_tasks`` is empty.
+    and the env has no grounding questions or ``grounding_tasks`` is empty (the grounding stage itself
+    need not run: its ``grounding.curriculum`` names the tasks).
     """
     grounding_tasks = list(grounding_tasks)
     if cfg.grounding_mix > 0 and (not hasattr(env_spec, "grounding_example") or not grounding_tasks):
         raise ValueError(f"sft.grounding_mix={cfg.grounding_mix} needs grounding questions: an env with "
-                         "grounding_example and grounding.enabled=true; or set sft.grounding_mix=0")
+                         f"grounding_example (this one: {type(env_spec).__name__}) and a task list "
+                         "(grounding.curriculum); or set sft.grounding_mix=0")
     t0 = time.time()
     gen = torch.Generator().manual_seed(cfg.seed)
     sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)

@@ -309,7 +309,7 @@ class NativeRun:
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
             phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
-            tasks = (phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))) if grounded else []
+            tasks = phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))
             summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
                                 progress=self.progress.sft, grounding_tasks=tasks)
             self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "

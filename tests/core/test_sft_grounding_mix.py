@@ -46,5 +46,12 @@ def test_each_batch_gets_its_grounding_questions(full_policy, monkeypatch, tmp_p
 def test_grounding_mix_without_questions_is_refused_with_the_fix(full_policy, tmp_path):
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24, n=1, seed=0)
-    with pytest.raises(ValueError, match="grounding.enabled=true"):
+    with pytest.raises(ValueError, match="sft.grounding_mix=0"):
         sft_mod.train_sft(env, full_policy, make_engine(full_policy), SFTConfig(grounding_mix=4), greedy, tmp_path)
+
+    class NoQuestions:  # an env without grounding_example
+        is_eval_seed = staticmethod(lambda seed: False)
+
+    with pytest.raises(ValueError, match="grounding_example .this one: NoQuestions"):
+        sft_mod.train_sft(NoQuestions(), full_policy, make_engine(full_policy), SFTConfig(grounding_mix=4), greedy,
+                          tmp_path, grounding_tasks=["walls"])
