@@ -112,6 +112,7 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
     assert (default.lr, nine.lr) == (2e-3, 1e-3)
     assert (default.algorithm.entropy_coef, nine.algorithm.entropy_coef) == (0.01, 0.0)
+    assert (default.sft.grounding_mix, nine.sft.grounding_mix) == (8, 0)  # 9x9 keeps the plain warm start
     assert not _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.lora.include_vision  # tiny policy only
     assert _compose(["steps=40"]).steps == 40  # the command line still wins
     assert _compose(["algorithm.lr_schedule=constant"]).algorithm.lr_schedule == "constant"
@@ -143,6 +144,8 @@ def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_lo
     # it keeps the 8 tasks a step and plain rounds it was measured with, where the default recipe has 16 and adaptive
     assert (cfg.tasks_per_step, cfg.algorithm.dynamic_sampling_adaptive_batch) == (8, False)
     assert cfg.algorithm.entropy_coef == 0.0  # as measured, before the default recipe's entropy bonus
+    assert cfg.sft.grounding_mix == 0  # as measured, before the default recipe's grounding mix
+    assert _compose(["experiment=long_demo_pipelined"]).sft.grounding_mix == 0
     assert _compose(["experiment=long_demo_pipelined"]).tasks_per_step == 8
 
 
