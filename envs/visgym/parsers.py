@@ -435,11 +435,13 @@ class PlanCellsParser(PlanParser):
     The route as ``plan`` words, with the agent's cell as ``row,column`` (full-grid coordinates from 0
     at the top-left, border included, as ``generate_maze``'s ``maze_map[row, col]``) before the first
     word and after every move. The cells are the policy's own notes, a scratchpad: the moves alone are
-    executed, and a cell that does not match where the moves lead is not an error. Writing them turns
-    "which move is open here" into a lookup of the written cell's neighbours in the picture, the
-    question the grounding stage trains with coordinates before each value (rlkit.grounding), instead
-    of a position the policy has to track through the words so far. Each cell costs 3 tokens of the
-    tiny tokenizer (`` 2`` ``,`` ``1``), so a 9-step plan is ~40 tokens instead of ~15.
+    executed, and a cell that does not match where the moves lead is not an error. Writing them makes
+    "which move is open here" a question about the written cell's neighbours in the picture instead
+    of about a position tracked through the words so far, and shows where a route goes wrong. Each
+    cell costs 3 tokens of the tiny tokenizer (`` 2`` ``,`` ``1``), so a 9-step plan is ~40 tokens
+    instead of ~15. Measured on 7x7 (docs/experiments.md, session 15): the tiny policy writes its
+    cells right and fails at the choices at rooms; its warm start builds in half the steps, and GRPO
+    ends where ``plan`` does at about twice the step time.
 
     Parsing is ``plan``'s (the last ``<answer>`` block, else the last non-empty line; everything from
     the first ``stop`` on ends the plan) after each ``r,c`` pair (digits, optional spaces and
