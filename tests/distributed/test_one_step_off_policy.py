@@ -53,7 +53,7 @@ def scripted_run(one_step_off_policy: bool, steps: int = 5, ckpt_interval: int =
     run = RayNativeRun.__new__(RayNativeRun)
     run.cfg = SimpleNamespace(tasks_per_step=2, group_size=2, steps=steps, seed=0, get=lambda k, d=None: d)
     run.algo = SimpleNamespace(dynamic_sampling_max_rounds=0, dynamic_sampling_adaptive_batch=False, screening_samples=0, demo_coef=0.0,
-                               norm_adv_by_std=True, adv_eps=1e-6)
+                               norm_adv_by_std=True, adv_eps=1e-6, mask_unexecuted=False)
     run.trainer = SimpleNamespace(ckpt_interval=ckpt_interval)
     run.settings = SimpleNamespace(one_step_off_policy=one_step_off_policy)
     run.rollout_cfg = SimpleNamespace(temperature=1.0)
