@@ -4,6 +4,7 @@ import pytest
 
 from envs.visgym import VisGymMaze
 from rlkit.config import AlgorithmConfig
+from rlkit.policy import SamplingParams
 from rlkit.policy.engine import Completion
 from rlkit.rollout import rollout, tokens_from
 from rlkit.update import mask_unexecuted
@@ -13,6 +14,7 @@ from rlkit.update import mask_unexecuted
 BUMP = "<answer>right right up up up right stop</answer>"
 BUMP_CELLS = "<answer>5,1 right 5,2 right 5,3 up 4,3 up 3,3 up 2,3 right stop</answer>"
 GOOD = "<answer>right right up up right right up up stop</answer>"
+SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=64, seed=0)  # FixedEngine ignores it but for n
 
 
 class FixedEngine:
@@ -35,7 +37,7 @@ def test_tokens_after_the_bumping_move_are_masked(policy, parser, text, bump_wor
     spec = VisGymMaze(variant="small", mode="plan", parser=parser, max_turns=17, wall_move="fail")
     tok = policy.chat.tokenizer
     trajs = rollout(spec, policy, FixedEngine([text, GOOD], tok), seeds=[0, 0], group_size=2,
-                    sampling=policy_sampling(), policy_version=0)
+                    sampling=SAMPLE, policy_version=0)
     bumped, solved = trajs[0], trajs[2]
     info = bumped.episode.turns[0].info
     assert info["hit_wall"] and info["actions_executed"] == 5 and not bumped.episode.success
@@ -57,12 +59,6 @@ def test_tokens_after_the_bumping_move_are_masked(policy, parser, text, bump_wor
             kept = [t.input_ids[i] for i in policy_pos[:-k]]
             assert tok.decode(kept) == acted
     assert mask_unexecuted(trajs) == 0  # applied once: a second call masks nothing more
-
-
-def policy_sampling():
-    from rlkit.policy import SamplingParams
-
-    return SamplingParams(temperature=1.0, max_new_tokens=64, seed=0)
 
 
 def test_tokens_from_counts_trailing_tokens(policy):
