@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from rlkit.config import SFTConfig
 from rlkit.evaluation import evaluate
 from rlkit.rollout import Trajectory
-from rlkit.tasks import TaskSampler
+from rlkit.tasks import TaskSampler, training_sampler
 from rlkit.types import Episode, EnvSpec
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
 
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
-    ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Returns 16 hex chars.
+    ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
+    ``env.train_room_endpoints`` when it is 0 (caches built before the key existed stay valid).
+    Returns 16 hex chars.
     """
     def plain(v: Any) -> Any:
         return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
@@ -72,7 +74,10 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     path = policy.get("path")
     if isinstance(path, str) and Path(path).is_dir():
         policy["path"] = {"fingerprint": checkpoint_fingerprint(Path(path))}
-    content = {"sft": plain(sft_cfg), "env": plain(env_cfg), "policy": policy, "builder_version": SFT_BUILDER_VERSION}
+    env = plain(env_cfg)
+    if isinstance(env, dict) and not env.get("train_room_endpoints", 1):
+        env = {k: v for k, v in env.items() if k != "train_room_endpoints"}  # 0: the tasks every earlier build drew
+    content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
     if decoding is not None:
         content["decoding"] = plain(decoding)
     blob = json.dumps(content, sort_keys=True, default=str)
@@ -244,7 +249,7 @@ def train_sft(
                          "(grounding.curriculum); or set sft.grounding_mix=0")
     t0 = time.time()
     gen = torch.Generator().manual_seed(cfg.seed)
-    sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
+    sampler = training_sampler(env_spec, cfg.seed)
     val_seeds = sampler.sample(cfg.val_tasks)
     streaming = cfg.num_demos == 0
     demos: list[Trajectory] = []

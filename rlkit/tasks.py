@@ -1,7 +1,9 @@
 """Task sampling: which task seeds a GRPO step trains on.
 
 Training seeds come from a seeded numpy stream over [0, 2**31) that skips every seed of the env's
-evaluation set, so a reported eval success is never on a trained-on task. The sampler's position is
+evaluation set, so a reported eval success is never on a trained-on task. An env may map each stream
+seed to the task it trains on (``EnvSpec.training_task``, e.g. VisGym's room-endpoint tasks); the
+evaluation check applies to the mapped task. The sampler's position is
 part of a checkpoint (``state_dict``), so a resumed run draws exactly the tasks it would have drawn.
 
 With ``pool_size`` N (``train_tasks: N`` in conf/train.yaml) the sampler is a fixed training set instead:
@@ -29,17 +31,21 @@ class TaskSampler:
         pool_size: None: a fresh task for every draw. N >= 1: a fixed pool of N training tasks (the
             stream's first N seeds), drawn epoch by epoch without replacement, each epoch in a new order
             seeded by (seed, epoch).
+        to_task: maps a stream seed in [0, 2**31) to the task seed drawn (None: the seed itself); use
+            ``training_sampler`` to take it from the env.
 
     Raises:
         ValueError: ``pool_size`` is not None or an int >= 1.
     """
 
-    def __init__(self, seed: int, is_eval_seed: Callable[[int], bool], pool_size: int | None = None):
+    def __init__(self, seed: int, is_eval_seed: Callable[[int], bool], pool_size: int | None = None,
+                 to_task: Callable[[int], int] | None = None):
         if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1):
             raise ValueError(f"train_tasks must be null (fresh tasks) or an int >= 1, got {pool_size!r}")
         self._seed = seed
         self._rng = np.random.default_rng([seed, 0x7A5C])
         self._is_eval_seed = is_eval_seed
+        self._to_task = to_task
         self.num_drawn = 0
         self.pool: list[int] | None = None
         self._epoch_order: tuple[int, np.ndarray] | None = None  # (epoch, its permutation of the pool)
@@ -50,6 +56,8 @@ class TaskSampler:
         out: list[int] = []
         while len(out) < n:
             s = int(self._rng.integers(SEED_SPACE))
+            if self._to_task is not None:
+                s = int(self._to_task(s))
             if not self._is_eval_seed(s):
                 out.append(s)
         return out
@@ -160,3 +168,9 @@ class SolvedTaskFilter:
         self._rng.bit_generator.state = state["bit_generator"]
         self.streaks = {str(k): int(v) for k, v in state["streaks"].items()}
         self.skipped = int(state.get("skipped", 0))
+
+
+def training_sampler(env_spec: Any, seed: int, pool_size: int | None = None) -> TaskSampler:
+    """The ``TaskSampler`` of an env's training tasks: its evaluation check and, if the env has one, its
+    ``training_task`` mapping (VisGym: ``env.train_room_endpoints``)."""
+    return TaskSampler(seed, env_spec.is_eval_seed, pool_size=pool_size, to_task=getattr(env_spec, "training_task", None))

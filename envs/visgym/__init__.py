@@ -20,6 +20,7 @@ from envs.visgym.gym_env import GYM_IDS, STOP, MazeEnv, register_gymnasium
 from envs.visgym.maze import (
     MOVE_DELTAS,
     MOVE_NAMES,
+    ROOM_TASKS,
     VARIANT_SIZES,
     distance_map,
     generate_maze,
@@ -54,6 +55,7 @@ __all__ = [
     "MOVE_DELTAS",
     "MOVE_NAMES",
     "PARSER_NAMES",
+    "ROOM_TASKS",
     "SKYRL_ENV_ID",
     "STOP",
     "VARIANT_SIZES",

@@ -13,6 +13,12 @@ Wilson's algorithm (loop-erased random walks, a uniform spanning tree) on the ce
 grid whose row and column are both even, followed by a draw of one of four corner-to-corner
 (start, goal) pairs.
 
+Task seeds from ``ROOM_TASKS`` (2**31) up are rlkit's room-endpoint tasks, which upstream does not have
+(its task seeds are drawn below 2**31): seed ``ROOM_TASKS + s`` is the walls of seed ``s`` with the start
+and the goal on two distinct rooms (the odd-odd cells) drawn at random, instead of two opposite corners.
+Training may draw them (``VisGymMaze(train_room_endpoints=...)``) so that the policy cannot answer from
+which corner it starts; evaluation sets stay corner-to-corner.
+
 Two direction numberings exist upstream and both are kept here:
 - generator directions (internal): 0 right, 1 down, 2 left, 3 up;
 - action directions (what the policy emits, ``MOVE_DELTAS``): 0 right, 1 up, 2 left, 3 down.
@@ -33,6 +39,9 @@ MOVE_DELTAS: tuple[tuple[int, int], ...] = ((0, 1), (-1, 0), (0, -1), (1, 0))
 
 #: Action direction -> word, as used by the keyword and plan formats.
 MOVE_NAMES: tuple[str, ...] = ("right", "up", "left", "down")
+
+#: First task seed of the room-endpoint tasks (see module doc): ``ROOM_TASKS + s`` has the walls of seed ``s``.
+ROOM_TASKS = 2**31
 
 # Generator direction -> (d_row, d_col). Upstream generator numbering: 0 right, 1 down, 2 left, 3 up.
 _GEN_DELTAS: tuple[tuple[int, int], ...] = ((0, 1), (1, 0), (0, -1), (-1, 0))
@@ -99,12 +108,15 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
     ``random.Random(int(rng.integers(2**32)))`` that drives Wilson's algorithm on the inner
     (size-2)x(size-2) grid; then ``rng.integers(0, 4)`` picks the (start, goal) corner pair:
     top-left->bottom-right, bottom-right->top-left, bottom-left->top-right, top-right->bottom-left.
+    rlkit's room-endpoint tasks (``seed >= ROOM_TASKS``) build the walls of ``seed - ROOM_TASKS`` this
+    way, then the same ``rng`` draws two distinct rooms (cells with odd row and odd column) as start and goal.
     """
     if size not in VARIANT_SIZES.values():
         raise ValueError(
             f"maze size must be 7 (small), 9 (maze_2d/easy) or 11 (maze_2d/hard), got {size!r}"
         )
-    rng = np.random.default_rng(seed)
+    rooms = seed >= ROOM_TASKS
+    rng = np.random.default_rng(seed - ROOM_TASKS if rooms else seed)
     py = random.Random(int(rng.integers(2**32)))
     inner = size - 2
     carved = _wilson_carve(inner, inner, py)
@@ -122,6 +134,10 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
         (top_right, bottom_left),
     )
     start, goal = pairs[int(rng.integers(0, 4))]
+    if rooms:
+        cells = [(r, c) for r in range(1, size - 1, 2) for c in range(1, size - 1, 2)]
+        i, j = rng.choice(len(cells), size=2, replace=False)
+        start, goal = cells[int(i)], cells[int(j)]
     return maze_map, start, goal
 
 

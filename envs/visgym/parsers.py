@@ -21,6 +21,8 @@ Chosen by name in the env config (``parser:``):
 - ``plan_cells`` (plan mode, our format): the ``plan`` route with the agent's cell written as
   ``row,column`` before it and after every move, e.g. ``<answer>1,1 right 1,2 down 2,2 stop</answer>``.
   The cells are the policy's notes; only the moves are executed (see ``PlanCellsParser``).
+- ``plan_walls`` (plan mode, our format): the ``plan`` route after a transcription of the maze's
+  walls, e.g. ``a#b.c#d.<answer>right right down stop</answer>`` (see ``PlanWallsParser``).
 
 Every parser has ``parse(text) -> ParsedAction | None`` and ``parse_with_reason(text) ->
 (ParsedAction | None, reason)``; neither raises, whatever the input (empty, huge, unbalanced
@@ -492,8 +494,37 @@ class PlanCellsParser(PlanParser):
 _CELL_RE = re.compile(r"\(?\s*\d{1,2}\s*,\s*\d{1,2}\s*\)?")
 
 
+class PlanWallsParser(PlanParser):
+    """Plan format after a transcription of the walls: ``a#b.c#d.<answer>right down stop</answer>``.
+
+    Before its route the policy writes every wall bit of the maze (the passages between adjacent rooms,
+    in reading order) as its letter label and ``#`` (wall) or ``.`` (open): the answer of the grounding
+    stage's ``walls`` question (envs/visgym/grounding.py ``walls_answer``). The transcription is the
+    policy's own notes, a scratchpad read from the picture before it plans: the route then asks which
+    passage next to the agent is open, a lookup by label in text, instead of a lookup in the image at
+    every move. Only the route is executed and rewarded; a wrong transcription is not an error. 12 bits
+    in 7x7 cost 24 tokens of the tiny tokenizer, so a 9-step plan is ~39 tokens instead of ~15 (use
+    ``rollout.max_new_tokens`` >= 64).
+
+    Parsing is ``plan``'s: the last ``<answer>`` block (the transcription comes before it), else the last
+    non-empty line.
+    """
+
+    name = "plan_walls"
+
+    def format(self, actions: Sequence[int], walls: str | None = None) -> str:
+        """A transcription then a route: ``a#b.<answer>right stop</answer>``.
+
+        Raises:
+            ValueError: an action not in 0..4, or ``walls`` missing.
+        """
+        if walls is None:
+            raise ValueError("plan_walls needs the walls transcription (envs.visgym.grounding.walls_answer)")
+        return f"{walls}{super().format(actions)}"
+
+
 #: Parser names accepted by ``make_parser`` (and by the env config key ``parser``).
-PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells")
+PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells", "plan_walls")
 
 _PARSERS = {
     "tuple": UpstreamTupleParser,
@@ -502,6 +533,7 @@ _PARSERS = {
     "keyword": KeywordParser,
     "plan": PlanParser,
     "plan_cells": PlanCellsParser,
+    "plan_walls": PlanWallsParser,
 }
 
 

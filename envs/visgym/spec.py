@@ -24,9 +24,9 @@ from PIL import Image
 from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
-ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "tuple_answer")
+ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import VARIANT_SIZES, layout_key
+from envs.visgym.maze import ROOM_TASKS, VARIANT_SIZES, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
@@ -120,13 +120,19 @@ class VisGymMaze:
             ``self.max_turns == 1`` turn.
         parser: action format; interactive: "tuple" (VisGym, upstream-exact), "tuple_answer",
             "tuple_lenient", "keyword" (SkyRL);
-            plan: "plan".
+            plan: "plan", "plan_cells", "plan_walls" (envs/visgym/parsers.py).
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
         wall_move: what a move into a wall does: "stay" (upstream VisGym: the agent stays in place)
             or "fail" (the episode ends there, unsuccessful). rlkit's plan-mode configs use "fail": with
             "stay" a plan can pad its route with moves that are free when they hit a wall, and GRPO
             learns that padding instead of routes (envs/visgym/episode.py WALL_MOVES).
+        train_room_endpoints: the share of training tasks (SFT demonstrations and GRPO tasks; 0.0 to 1.0)
+            whose start and goal are two distinct rooms drawn at random instead of two opposite corners
+            (``maze.ROOM_TASKS``). The evaluation set stays corner-to-corner. 7x7 has 768 corner layouts
+            only, so a policy trained on them can fit the layouts it sees; with room endpoints it cannot
+            tell the route from which corner it starts in. Which stream seeds become room tasks is fixed
+            by the seed (``training_task``).
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -146,6 +152,7 @@ class VisGymMaze:
         cell_size: int = DEFAULT_CELL_SIZE,
         impl: str = "native",
         wall_move: str = "stay",
+        train_room_endpoints: float = 0.0,
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -161,6 +168,12 @@ class VisGymMaze:
             raise ValueError(f"env.cell_size must be an int >= 4 pixels, got {cell_size!r}")
         if wall_move not in WALL_MOVES:
             raise ValueError(f"env.wall_move must be one of {WALL_MOVES}, got {wall_move!r}")
+        if (isinstance(train_room_endpoints, bool) or not isinstance(train_room_endpoints, (int, float))
+                or not 0.0 <= train_room_endpoints <= 1.0):
+            raise ValueError(f"env.train_room_endpoints must be a share in [0, 1], got {train_room_endpoints!r}")
+        if train_room_endpoints and impl != "native":
+            raise ValueError("env.train_room_endpoints needs env.impl=native: upstream VisGym draws corner "
+                             "endpoints only")
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if impl == "upstream":
@@ -181,6 +194,7 @@ class VisGymMaze:
         self.cell_size = cell_size
         self.impl = impl
         self.wall_move = wall_move
+        self.train_room_endpoints = float(train_room_endpoints)
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -195,7 +209,8 @@ class VisGymMaze:
     def __repr__(self) -> str:
         return (
             f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
-            f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r})"
+            f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r}"
+            + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "") + ")"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------
@@ -222,9 +237,28 @@ class VisGymMaze:
         layout (walls, start and goal), which many seeds share (7x7 has 768 layouts)."""
         return layout_key(int(seed), VARIANT_SIZES[self.variant])
 
+    def training_task(self, seed: int) -> int:
+        """The task a training stream seed in [0, 2**31) stands for: ``seed`` itself (its corners), or with
+        probability ``train_room_endpoints`` (a coin fixed by the seed) its room-endpoint task
+        ``ROOM_TASKS + seed`` (rlkit.tasks.training_sampler applies it)."""
+        share = self.train_room_endpoints
+        if share and (share >= 1.0 or np.random.default_rng([int(seed), 0x5EED]).random() < share):
+            return ROOM_TASKS + int(seed)
+        return int(seed)
+
     def train_seed_stream(self, seed: int) -> Iterator[int]:
-        """Endless reproducible stream of training seeds that skips eval seeds (see module doc)."""
-        return train_seed_stream(seed, self.eval_set)
+        """Endless reproducible stream of training task seeds that skips eval mazes (see module doc), each
+        mapped by ``training_task``."""
+        if not self.train_room_endpoints:
+            return train_seed_stream(seed, self.eval_set)
+        return self._mapped_stream(seed)
+
+    def _mapped_stream(self, seed: int) -> Iterator[int]:
+        rng = np.random.default_rng(seed)
+        while True:
+            task = self.training_task(int(rng.integers(0, 2**31 - 1)))
+            if not self.eval_set.holds_layout_of(task):
+                yield task
 
     # -- supervised warm start -----------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
 from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
-from rlkit.tasks import SolvedTaskFilter, TaskSampler
+from rlkit.tasks import SolvedTaskFilter, TaskSampler, training_sampler
 from rlkit.update import grpo_update, make_scheduler, mask_unexecuted
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class NativeRun:
         self.greedy = SamplingParams(temperature=self.rollout_cfg.eval_temperature, top_p=1.0, top_k=0,
                                      max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=cfg.seed,
                                      stop=self.stop)
-        self.sampler = TaskSampler(cfg.seed, self.env_spec.is_eval_seed, pool_size=cfg.get("train_tasks"))
+        self.sampler = training_sampler(self.env_spec, cfg.seed, pool_size=cfg.get("train_tasks"))
         self.seen_seeds = self._seen_seeds(self.eval_cfg.seen_tasks, cfg.get("train_tasks"))
         explore = self.algo.selective_rollout_explore
         self.task_filter = (SolvedTaskFilter(cfg.seed, explore, key=getattr(self.env_spec, "task_key", None),
@@ -261,7 +261,10 @@ class NativeRun:
         cfg = self.cfg
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
             return None
-        key = sft_cache_key(cfg.grounding, cfg.env, cfg.policy)  # the same content hash, over the grounding config
+        # the same content hash, over the grounding config; its questions put the agent and the goal on random
+        # cells whatever the env's training endpoints, so those do not count
+        env = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items() if k != "train_room_endpoints"}
+        key = sft_cache_key(cfg.grounding, env, cfg.policy)
         out_dir = Path(cfg.paths.cache_dir) / "grounding" / key
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(out_dir.with_suffix(".lock")):
@@ -461,7 +464,7 @@ class NativeRun:
         most the pool's size (checked in setup)."""
         if not n:
             return []
-        stream = TaskSampler(self.cfg.seed, self.env_spec.is_eval_seed, pool_size=pool_size)
+        stream = training_sampler(self.env_spec, self.cfg.seed, pool_size=pool_size)
         seeds: dict[int, None] = {}  # insertion-ordered set: the stream's order, a repeated seed once
         while len(seeds) < n:
             seeds.update(dict.fromkeys(stream.sample(n - len(seeds))))

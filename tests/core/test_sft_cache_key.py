@@ -61,3 +61,9 @@ def test_grounding_mix_off_keys_as_before_the_option_existed():
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 0})), ENV, _policy()) == before
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 8})), ENV, _policy()) != before
+
+
+def test_corner_endpoints_key_as_before_the_option_existed():
+    before = sft_cache_key(SFT, ENV, _policy())
+    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_room_endpoints": 0.0}), _policy()) == before
+    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_room_endpoints": 0.5}), _policy()) != before

@@ -41,3 +41,44 @@ def test_pool_resumes_exactly_from_a_state_dict():
 def test_bad_pool_size_names_the_key(bad):
     with pytest.raises(ValueError, match="train_tasks"):
         TaskSampler(0, _is_eval, pool_size=bad)
+
+
+def test_to_task_maps_stream_seeds_and_the_eval_check_sees_the_mapped_task():
+    plain = TaskSampler(5, lambda s: False).sample(50)
+    mapped = TaskSampler(5, lambda s: False, to_task=lambda s: s + 10**10).sample(50)
+    assert mapped == [s + 10**10 for s in plain]
+    # a mapped task that is an evaluation task is skipped, even though its stream seed is not one
+    odd_is_eval = TaskSampler(5, lambda s: s % 2 == 1, to_task=lambda s: s + 1).sample(50)
+    assert all(s % 2 == 0 for s in odd_is_eval)
+
+
+def test_room_endpoint_share_of_the_visgym_training_stream():
+    from envs.visgym.maze import ROOM_TASKS, generate_maze
+    from envs.visgym.spec import VisGymMaze
+    from rlkit.tasks import training_sampler
+
+    def spec(share):
+        return VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", train_room_endpoints=share)
+
+    corners = training_sampler(spec(0.0), 1).sample(400)
+    assert all(s < ROOM_TASKS for s in corners)
+    half = training_sampler(spec(0.5), 1).sample(400)
+    rooms = [s for s in half if s >= ROOM_TASKS]
+    assert 150 < len(rooms) < 250
+    assert training_sampler(spec(0.5), 1).sample(400) == half  # reproducible
+    assert all(s >= ROOM_TASKS for s in training_sampler(spec(1.0), 1).sample(100))
+    # never an evaluation maze, corner or room task alike (7x7: 64 of 768 corner layouts are held out)
+    ev = spec(1.0)
+    assert not any(ev.is_eval_seed(s) for s in training_sampler(ev, 2).sample(2000))
+    eval_layout = generate_maze(ev.eval_seeds()[0], 7)
+    assert ev.is_eval_seed(next(ROOM_TASKS + s for s in range(10**6)
+                                if generate_maze(ROOM_TASKS + s, 7)[0].tobytes() == eval_layout[0].tobytes()
+                                and generate_maze(ROOM_TASKS + s, 7)[1:] == eval_layout[1:]))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, True, "half"])
+def test_room_endpoint_share_must_be_a_share(bad):
+    from envs.visgym.spec import VisGymMaze
+
+    with pytest.raises(ValueError, match="train_room_endpoints"):
+        VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", train_room_endpoints=bad)

@@ -39,6 +39,7 @@ def _run(spec: VisGymMaze, seed: int, texts: list[str]) -> tuple[MazeEpisode, li
         dict(mode="plan", parser="plan"),
         dict(mode="plan", parser="plan_cells"),
         dict(variant="small", mode="plan", parser="plan_cells", max_turns=17, wall_move="fail"),
+        dict(variant="small", mode="plan", parser="plan_walls", max_turns=17, wall_move="fail"),
         dict(variant="hard", mode="interactive", parser="tuple", max_turns=34),
         dict(variant="hard", mode="plan", parser="plan", max_turns=34),
     ],
@@ -55,6 +56,16 @@ def test_solver_episode_succeeds(kwargs):
         assert all(o.info["parse_ok"] for o in outs)
         assert outs[-1].info["success"] and not any(o.info["success"] for o in outs[:-1])
         assert len(outs) == (1 if spec.mode == "plan" else len(spec.solution(seed)))
+
+
+@pytest.mark.parametrize("parser", ["plan", "plan_walls"])
+def test_solver_episode_succeeds_on_room_endpoint_tasks(parser):
+    from envs.visgym.maze import ROOM_TASKS
+
+    spec = VisGymMaze(variant="small", mode="plan", parser=parser, max_turns=17, wall_move="fail", train_room_endpoints=1.0)
+    for seed in (ROOM_TASKS + 0, ROOM_TASKS + 5, spec.training_task(123)):
+        env, outs = _run(spec, seed, spec.demonstration(seed))
+        assert env.success() and outs[-1].info["agent"] == list(generate_maze(seed, 7)[2])
 
 
 def test_all_easy_eval_mazes_solved_within_18_turns():
@@ -158,6 +169,13 @@ def test_demonstration_formats():
     # the same route from the start corner (7, 1), the cell written before it and after every move
     assert cells == ["<answer>7,1 right 7,2 right 7,3 up 6,3 up 5,3 up 4,3 up 3,3 right 3,4 right 3,5 right 3,6 "
                      "right 3,7 up 2,7 up 1,7 stop</answer>"]
+    walls = VisGymMaze(mode="plan", parser="plan_walls").demonstration(0)
+    # the same route after the 24 wall bits of task 0's 9x9 layout, read off its map by hand (rows 1-7:
+    # the bits are the interior cells with row + col odd, labels a-x in reading order)
+    maze_map, _, _ = generate_maze(0, 9)
+    bits = [(r, c) for r in range(1, 8) for c in range(1, 8) if (r + c) % 2]
+    by_hand = "".join(f"{chr(ord('a') + k)}{'#' if maze_map[r, c] else '.'}" for k, (r, c) in enumerate(bits))
+    assert walls == [by_hand + plan[0]] and len(by_hand) == 48
     spec = VisGymMaze(variant="hard", mode="interactive", parser="tuple")
     maze_map, start, goal = generate_maze(7, 11)
     assert len(spec.demonstration(7)) == len(solve_moves(maze_map, start, goal)) + 1

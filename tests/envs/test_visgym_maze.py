@@ -126,3 +126,21 @@ def test_small_variant_routes():
     # 7x7: opposite corners of a 3x3 node tree are 8 to 16 moves apart (4 to 8 node hops)
     lengths = Counter(len(solve_moves(*generate_maze(s, VARIANT_SIZES["small"]))) for s in range(300))
     assert set(lengths) <= {8, 12, 16} and lengths[8] > lengths[12] > lengths[16]
+
+
+def test_room_endpoint_tasks_keep_the_walls_and_move_the_endpoints():
+    """Seed ROOM_TASKS + s: the walls of seed s, start and goal two distinct rooms drawn at random."""
+    from envs.visgym.maze import ROOM_TASKS
+
+    pairs = Counter()
+    for s in range(400):
+        walls, corner_start, corner_goal = generate_maze(s, 7)
+        room_walls, start, goal = generate_maze(ROOM_TASKS + s, 7)
+        assert np.array_equal(room_walls, walls)
+        assert start != goal and all(v % 2 == 1 for v in (*start, *goal))  # rooms: odd row, odd column
+        assert generate_maze(ROOM_TASKS + s, 7)[1:] == (start, goal)  # fixed by the seed
+        solve_moves(room_walls, start, goal)  # reachable: the maze is a spanning tree
+        pairs[(start, goal)] += 1
+    assert len(pairs) > 60  # 72 ordered pairs of 9 rooms, not the 4 corner pairs
+    # the upstream seeds below ROOM_TASKS are untouched (their vectors are checked above)
+    assert generate_maze(ROOM_TASKS - 1, 9)[1] in {(1, 1), (7, 7), (7, 1), (1, 7)}

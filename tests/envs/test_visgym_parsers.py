@@ -215,6 +215,12 @@ def test_format_round_trip(name):
     elif name == "plan_cells":
         seq, cells = (R, U, L, D, S), [(3, 3), (3, 4), (2, 4), (2, 3), (3, 3)]
         assert parser.parse(parser.format(seq, cells=cells)).actions == seq
+    elif name == "plan_walls":
+        seq = (R, U, L, D, S)
+        assert parser.parse(parser.format(seq, walls="a#b.")).actions == seq
+        assert parser.format(seq, walls="a#b.") == "a#b.<answer>right up left down stop</answer>"
+        with pytest.raises(ValueError, match="walls"):
+            parser.format(seq)
     else:
         for a in (R, U, L, D, S):
             assert parser.parse(parser.format([a])).actions == (a,)
@@ -249,7 +255,21 @@ def test_failure_reason_echo_is_bounded(name):
     assert parsed is None and len(reason) < MAX_ECHO + 80
 
 
-@pytest.mark.parametrize("name", ["plan", "plan_cells"])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("a#b.c#<answer>right down stop</answer>", (R, D, S)),
+        ("a#b.c#d.e#f.g#h.i#j.k#l.<answer>up stop</answer>", (U, S)),  # the transcription is never executed
+        ("<answer>right stop</answer>", (R, S)),  # nor required
+        ("a#b.c#<answer>right # stop</answer>", None),  # inside the block only route words
+        ("a#b.c#", None),  # a transcription and no route
+    ],
+)
+def test_plan_walls_parser(text, expected):
+    _check("plan_walls", text, expected)
+
+
+@pytest.mark.parametrize("name", ["plan", "plan_cells", "plan_walls"])
 def test_plan_ends_are_offsets_into_the_whole_output(name):
     parser = make_parser(name)
     body = "<answer>1,1 right 1,2 down 2,2 stop</answer>" if name == "plan_cells" else "<answer>right down stop</answer>"

@@ -213,10 +213,9 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
         )
 
     # --- datasets: training seeds from the native backend's sampler, eval seeds from the env
-    from rlkit.tasks import TaskSampler
+    from rlkit.tasks import training_sampler
 
-    train_seeds = TaskSampler(int(cfg.seed), env_spec.is_eval_seed,
-                              pool_size=cfg.get("train_tasks")).sample(steps * tasks_per_step)
+    train_seeds = training_sampler(env_spec, int(cfg.seed), pool_size=cfg.get("train_tasks")).sample(steps * tasks_per_step)
     eval_seeds = list(env_spec.eval_seeds())
     if eval_cfg.num_tasks:
         eval_seeds = eval_seeds[: eval_cfg.num_tasks]
