@@ -107,6 +107,27 @@ def checkpoint_fingerprint(folder: Path) -> str:
     return h.hexdigest()
 
 
+def longest_demonstration(env_spec: EnvSpec, tokenizer: Any, seeds: Iterable[int],
+                          stop: Iterable[str] = ()) -> tuple[int, int | None]:
+    """The most tokens a policy must generate in one turn to write the env's solver demonstration of
+    any of ``seeds``: ``(tokens, seed)``; ``(0, None)`` if the env has no ``demonstration``.
+
+    A turn's text counts as ``tokenizer`` (the policy's, a transformers tokenizer) encodes it, plus one
+    end-of-turn token unless the text ends with one of the ``stop`` strings (generation ends there
+    without it). Compared with ``rollout.max_new_tokens``, it says whether a right answer fits in a turn.
+    """
+    stop = tuple(stop)
+    worst: tuple[int, int | None] = (0, None)
+    for seed in seeds:
+        env = env_spec.make()
+        if not callable(getattr(env, "demonstration", None)):
+            return 0, None
+        for text in env.demonstration(seed):
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + (0 if stop and text.endswith(stop) else 1)
+            worst = max(worst, (n, seed), key=lambda w: w[0])
+    return worst
+
+
 def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Trajectory | None:
     """Replay the env's solver demonstration for ``seed`` and encode it as a token trajectory.
 

@@ -145,6 +145,19 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     assert message.split("=")[0].strip("'+") in (tmp_path / "run" / "error.txt").read_text()
 
 
+def test_answers_longer_than_max_new_tokens_are_refused_before_the_warm_start(tmp_path):
+    """plan_cells writes a cell after every move: the longest evaluation answer in the smoke's 4 mazes is far
+    over the smoke's rollout.max_new_tokens=24, so every such task would be cut and count as failed."""
+    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "env.parser=plan_cells",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "rollout.max_new_tokens=24 cuts answers" in proc.stderr, proc.stderr[-3000:]
+    assert "set rollout.max_new_tokens=" in proc.stderr and "Traceback" not in proc.stderr
+    assert "SFT warm start: building" not in proc.stdout
+
+
 def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     """The grounding stage (on by default for tiny policies) is built and cached, SFT starts from it, a
     second run reuses both; the grounding summary holds a held-out accuracy table by task."""

@@ -503,8 +503,11 @@ class PlanWallsParser(PlanParser):
     policy's own notes, a scratchpad read from the picture before it plans: the route then asks which
     passage next to the agent is open, a lookup by label in text, instead of a lookup in the image at
     every move. Only the route is executed and rewarded; a wrong transcription is not an error. 12 bits
-    in 7x7 cost 24 tokens of the tiny tokenizer, so a 9-step plan is ~39 tokens instead of ~15 (use
-    ``rollout.max_new_tokens`` >= 64).
+    in 7x7 cost 24 tokens of the tiny tokenizer, so a 9-step plan is ~39 tokens instead of ~15; the
+    longest evaluation answer is 47 tokens in 7x7 (the default ``rollout.max_new_tokens`` 48 fits it) and
+    71 in 9x9 (a run refuses a ``max_new_tokens`` that would cut one). Measured on 7x7 (docs/experiments.md,
+    session 16): the tiny policy transcribes every evaluation maze exactly and still fails routes, so the
+    errors left are planning, not reading.
 
     Parsing is ``plan``'s: the last ``<answer>`` block (the transcription comes before it), else the last
     non-empty line.

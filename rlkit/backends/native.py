@@ -156,6 +156,7 @@ class NativeRun:
         if cfg.get("control") == "fixed_image":
             self.fixed_image_seed = TaskSampler(cfg.seed + 1, self.env_spec.is_eval_seed).sample(1)[0]
         self._build_policy(base_path)
+        self._check_answer_fits(getattr(self.policy, "tokenizer", None) or base_path or cfg.policy.get("path"))
         if self.fixed_image_seed is not None:
             from rlkit.controls import FixedImageEnvSpec
 
@@ -282,6 +283,30 @@ class NativeRun:
             del base
         return str(out_dir)
 
+    def _check_answer_fits(self, tokenizer: Any) -> None:
+        """Raise ConfigError when the solver's answer to an evaluation task needs more tokens in one turn than
+        ``rollout.max_new_tokens``: such an answer would be cut, so a task would count as failed however well
+        the policy learned it (plan formats that write notes, e.g. env.parser=plan_cells, need more).
+
+        ``tokenizer``: the policy's, or a checkpoint folder to load it from (a driver that holds no model:
+        backend=native_ray); None or a hub name skips the check."""
+        from rlkit.sft import longest_demonstration
+
+        if isinstance(tokenizer, (str, os.PathLike)):
+            if not Path(tokenizer).is_dir():
+                return
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        if tokenizer is None:
+            return
+        need, seed = longest_demonstration(self.env_spec, tokenizer, self.eval_seeds, self.stop or ())
+        have = self.rollout_cfg.max_new_tokens
+        if need > have:
+            raise ConfigError(f"rollout.max_new_tokens={have} cuts answers: the solver's answer to evaluation task "
+                              f"{seed} is {need} tokens in env.parser={self.cfg.env.get('parser', '?')}'s format; "
+                              f"set rollout.max_new_tokens={need} or more")
+
     def _warm_start(self, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
 
@@ -306,8 +331,9 @@ class NativeRun:
                 summary = json.loads((out_dir / "sft_summary.json").read_text())
                 self.progress.say(f"SFT warm start: reusing {out_dir} (val success {summary['val_success']:.1%})")
                 return str(out_dir)
-            self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
             base = instantiate_plugin(cfg.policy, "policy", base_path=grounded, train_mode="full")
+            self._check_answer_fits(base.tokenizer)  # before minutes of supervised learning towards cut answers
+            self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
