@@ -201,6 +201,42 @@ def test_resume_refuses_a_changed_experiment(tmp_path, cache):
     assert "resuming from" in ok.stdout
 
 
+def test_a_checkpoint_from_before_a_key_existed_resumes_while_the_key_keeps_its_default(tmp_path, cache):
+    """A run checkpointed by an older rlkit has no env.train_room_endpoints nor algorithm.mask_unexecuted in its
+    config: resuming it with those keys at their defaults is the same experiment; another value is not. (The
+    default recipe's sft.grounding_mix is 8, not the 0 that older runs did, so deleting it would be refused.)"""
+    from omegaconf import OmegaConf
+
+    from rlkit.checkpoint import MANIFEST, write_manifest
+
+    run = tmp_path / "run"
+    _train(run, cache, ["steps=1"])
+    for saved in run.glob("checkpoints/step_*/config.yaml"):
+        old = OmegaConf.load(saved)
+        for key in ("env.train_room_endpoints", "algorithm.mask_unexecuted"):
+            section, name = key.split(".")
+            del old[section][name]
+        OmegaConf.save(old, saved)
+        extra = {k: v for k, v in json.loads((saved.parent / MANIFEST).read_text()).items() if k != "files"}
+        write_manifest(saved.parent, extra)  # as the older rlkit wrote it: a complete checkpoint
+    refused = _train(run, cache, ["steps=1", "env.train_room_endpoints=0.5"], check=False)
+    assert refused.returncode != 0 and "env.train_room_endpoints (0.0 -> 0.5)" in refused.stderr
+    assert "resuming from" in _train(run, cache, ["steps=1"]).stdout
+
+
+def test_keys_added_later_read_as_their_old_behaviour_only_where_missing():
+    from omegaconf import OmegaConf
+
+    from rlkit.backends.native import KEYS_ADDED_LATER, config_changes
+
+    new = OmegaConf.create({"env": {"parser": "plan", "train_room_endpoints": 0.0}, "lr": 1e-3})
+    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), new, KEYS_ADDED_LATER) == {}
+    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), new) == {
+        "env.train_room_endpoints": (None, 0.0)}
+    explicit = OmegaConf.create({"env": {"parser": "plan", "train_room_endpoints": 0.5}, "lr": 1e-3})
+    assert config_changes(explicit, new, KEYS_ADDED_LATER) == {"env.train_room_endpoints": (0.5, 0.0)}
+
+
 def test_resume_mode_none_refuses_existing_checkpoints(tmp_path, cache):
     run = tmp_path / "run"
     _train(run, cache, ["steps=1"])

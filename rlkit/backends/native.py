@@ -51,6 +51,16 @@ log = logging.getLogger(__name__)
 RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "eval.seen_tasks", "reward.timeout_s",
                   "reward.on_error", "rollout.reuse_kv_cache")
 
+#: Config keys added after checkpoints already existed, each with the value that does what runs did before the
+#: key existed. A checkpoint's config without the key reads as that value on resume, so a run checkpointed by an
+#: older rlkit still resumes when the new key keeps its default (and is refused when it does not). A new key
+#: whose default keeps the old behaviour belongs here.
+KEYS_ADDED_LATER: dict[str, Any] = {
+    "algorithm.mask_unexecuted": False,  # session 15
+    "sft.grounding_mix": 0,  # session 15
+    "env.train_room_endpoints": 0.0,  # session 16
+}
+
 
 @dataclass
 class RunState:
@@ -395,7 +405,7 @@ class NativeRun:
 
         Raises: CheckpointError listing every changed key outside RESUMABLE_KEYS, with the fix.
         """
-        changes = config_changes(OmegaConf.load(path / "config.yaml"), self.cfg)
+        changes = config_changes(OmegaConf.load(path / "config.yaml"), self.cfg, KEYS_ADDED_LATER)
         refused = sorted(k for k in changes if not _resumable(k))
         if refused:
             shown = ", ".join(f"{k} ({changes[k][0]!r} -> {changes[k][1]!r})" for k in refused[:12])
@@ -905,9 +915,10 @@ class _file_lock:
         self.fh.close()
 
 
-def config_changes(old: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
+def config_changes(old: DictConfig, new: DictConfig, added_later: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """Leaves that differ between two configs (unresolved), as {dotted key: (old, new)}; a key present
-    in one only compares with None. Lists are compared as values."""
+    in one only compares with None, except a key of ``added_later`` missing from ``old``, which compares
+    as its value there (``KEYS_ADDED_LATER``). Lists are compared as values."""
 
     def flat(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict) and node:
@@ -919,6 +930,9 @@ def config_changes(old: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any
 
     a = flat(OmegaConf.to_container(old, resolve=False), "", {})
     b = flat(OmegaConf.to_container(new, resolve=False), "", {})
+    for key, value in (added_later or {}).items():
+        if key not in a and key in b:
+            a[key] = value
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
