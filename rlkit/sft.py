@@ -118,10 +118,10 @@ def longest_demonstration(env_spec: EnvSpec, tokenizer: Any, seeds: Iterable[int
     """
     stop = tuple(stop)
     worst: tuple[int, int | None] = (0, None)
+    env = env_spec.make()
+    if not callable(getattr(env, "demonstration", None)):
+        return 0, None
     for seed in seeds:
-        env = env_spec.make()
-        if not callable(getattr(env, "demonstration", None)):
-            return 0, None
         for text in env.demonstration(seed):
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + (0 if stop and text.endswith(stop) else 1)
             worst = max(worst, (n, seed), key=lambda w: w[0])

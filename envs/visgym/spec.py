@@ -16,7 +16,7 @@ the VisGym paper's budget, admit 63/64). Reports state the budget next to the su
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from PIL import Image
@@ -98,12 +98,15 @@ EVAL_SETS: dict[str, EvalSet] = {
 _EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64", "small": "visgym_small_64"}
 
 
-def train_seed_stream(seed: int, eval_set: EvalSet) -> Iterator[int]:
-    """Endless stream of training task seeds in [0, 2**31 - 1), reproducible from ``seed``,
-    skipping the seeds of ``eval_set`` and every seed that draws one of its mazes."""
+def train_seed_stream(seed: int, eval_set: EvalSet, to_task: Callable[[int], int] | None = None) -> Iterator[int]:
+    """Endless stream of training task seeds, reproducible from ``seed``: seeds in [0, 2**31 - 1), each
+    mapped by ``to_task`` if given (``VisGymMaze.training_task``), skipping the seeds of ``eval_set`` and
+    every seed that draws one of its mazes."""
     rng = np.random.default_rng(seed)
     while True:
         s = int(rng.integers(0, 2**31 - 1))
+        if to_task is not None:
+            s = to_task(s)
         if not eval_set.holds_layout_of(s):
             yield s
 
@@ -249,16 +252,7 @@ class VisGymMaze:
     def train_seed_stream(self, seed: int) -> Iterator[int]:
         """Endless reproducible stream of training task seeds that skips eval mazes (see module doc), each
         mapped by ``training_task``."""
-        if not self.train_room_endpoints:
-            return train_seed_stream(seed, self.eval_set)
-        return self._mapped_stream(seed)
-
-    def _mapped_stream(self, seed: int) -> Iterator[int]:
-        rng = np.random.default_rng(seed)
-        while True:
-            task = self.training_task(int(rng.integers(0, 2**31 - 1)))
-            if not self.eval_set.holds_layout_of(task):
-                yield task
+        return train_seed_stream(seed, self.eval_set, self.training_task if self.train_room_endpoints else None)
 
     # -- supervised warm start -----------------------------------------------------------------
 
