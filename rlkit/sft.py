@@ -62,7 +62,8 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
     ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
-    ``env.train_room_endpoints`` when it is 0 (caches built before the key existed stay valid).
+    ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0 (caches built before the key
+    existed stay valid).
     Returns 16 hex chars.
     """
     def plain(v: Any) -> Any:
@@ -75,8 +76,9 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     if isinstance(path, str) and Path(path).is_dir():
         policy["path"] = {"fingerprint": checkpoint_fingerprint(Path(path))}
     env = plain(env_cfg)
-    if isinstance(env, dict) and not env.get("train_room_endpoints", 1):
-        env = {k: v for k, v in env.items() if k != "train_room_endpoints"}  # 0: the tasks every earlier build drew
+    for added_later in ("train_room_endpoints", "train_open_passage"):  # 0: the tasks every earlier build drew
+        if isinstance(env, dict) and not env.get(added_later, 1):
+            env = {k: v for k, v in env.items() if k != added_later}
     content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
     if decoding is not None:
         content["decoding"] = plain(decoding)

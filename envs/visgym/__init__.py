@@ -18,6 +18,7 @@ envs/visgym/README.md.
 from envs.visgym.episode import MazeEpisode, system_prompt
 from envs.visgym.gym_env import GYM_IDS, STOP, MazeEnv, register_gymnasium
 from envs.visgym.maze import (
+    LOOP_TASKS,
     MOVE_DELTAS,
     MOVE_NAMES,
     ROOM_TASKS,
@@ -52,6 +53,7 @@ register_gymnasium()
 __all__ = [
     "EVAL_SETS",
     "GYM_IDS",
+    "LOOP_TASKS",
     "MOVE_DELTAS",
     "MOVE_NAMES",
     "PARSER_NAMES",

@@ -26,7 +26,7 @@ from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, de
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
 ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import ROOM_TASKS, VARIANT_SIZES, layout_key
+from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, generate_maze, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
@@ -72,7 +72,23 @@ class EvalSet:
             return True
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             return False
+        if seed >= LOOP_TASKS:
+            return self._holds_tree_of_loop(int(seed))
         return layout_key(int(seed), VARIANT_SIZES[self.variant]) in self.layouts()
+
+    def _holds_tree_of_loop(self, seed: int) -> bool:
+        """A loop task (``maze.LOOP_TASKS``) is held out when closing one of its passages again gives one of
+        the set's mazes: its picture differs from an evaluation maze's by one passage."""
+        maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[self.variant])
+        size, layouts, ends = maze_map.shape[0], self.layouts(), bytes((*start, *goal))
+        for r in range(1, size - 1):
+            for c in range(1, size - 1):
+                if (r + c) % 2 == 1 and maze_map[r, c] == 0:
+                    maze_map[r, c] = 1
+                    if maze_map.astype(np.uint8).tobytes() + ends in layouts:
+                        return True
+                    maze_map[r, c] = 0
+        return False
 
 
 def first_distinct_layouts(variant: str, n: int) -> tuple[int, ...]:
@@ -136,6 +152,12 @@ class VisGymMaze:
             only, so a policy trained on them can fit the layouts it sees; with room endpoints it cannot
             tell the route from which corner it starts in. Which stream seeds become room tasks is fixed
             by the seed (``training_task``).
+        train_open_passage: the share of training tasks (0.0 to 1.0, at most 1 - train_room_endpoints) that are
+            loop tasks (``maze.LOOP_TASKS``): the corner task with one more passage opened, so the maze has a
+            loop and its shortest route may take the new passage. 7x7 has 768 tree layouts (704 to train on),
+            and the held-out ones differ from trained-on ones by one moved passage; loop tasks add 4 per tree
+            whose route turns on one passage. A loop task that closes back to an evaluation maze is skipped
+            (``EvalSet.holds_layout_of``).
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -156,6 +178,7 @@ class VisGymMaze:
         impl: str = "native",
         wall_move: str = "stay",
         train_room_endpoints: float = 0.0,
+        train_open_passage: float = 0.0,
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -177,6 +200,12 @@ class VisGymMaze:
         if train_room_endpoints and impl != "native":
             raise ValueError("env.train_room_endpoints needs env.impl=native: upstream VisGym draws corner "
                              "endpoints only")
+        if (isinstance(train_open_passage, bool) or not isinstance(train_open_passage, (int, float))
+                or not 0.0 <= train_open_passage <= 1.0 - train_room_endpoints):
+            raise ValueError(f"env.train_open_passage must be a share in [0, 1 - env.train_room_endpoints] = "
+                             f"[0, {1.0 - train_room_endpoints:g}], got {train_open_passage!r}")
+        if train_open_passage and impl != "native":
+            raise ValueError("env.train_open_passage needs env.impl=native: upstream VisGym draws tree mazes only")
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if impl == "upstream":
@@ -198,6 +227,7 @@ class VisGymMaze:
         self.impl = impl
         self.wall_move = wall_move
         self.train_room_endpoints = float(train_room_endpoints)
+        self.train_open_passage = float(train_open_passage)
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -213,7 +243,8 @@ class VisGymMaze:
         return (
             f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
             f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r}"
-            + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "") + ")"
+            + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "")
+            + (f", train_open_passage={self.train_open_passage}" if self.train_open_passage else "") + ")"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------
@@ -243,16 +274,23 @@ class VisGymMaze:
     def training_task(self, seed: int) -> int:
         """The task a training stream seed in [0, 2**31) stands for: ``seed`` itself (its corners), or with
         probability ``train_room_endpoints`` (a coin fixed by the seed) its room-endpoint task
-        ``ROOM_TASKS + seed`` (rlkit.tasks.training_sampler applies it)."""
-        share = self.train_room_endpoints
-        if share and (share >= 1.0 or np.random.default_rng([int(seed), 0x5EED]).random() < share):
+        ``ROOM_TASKS + seed``, with probability ``train_open_passage`` (the same coin) its loop task
+        ``LOOP_TASKS + seed`` (rlkit.tasks.training_sampler applies it)."""
+        rooms, loops = self.train_room_endpoints, self.train_open_passage
+        if not (rooms or loops):
+            return int(seed)
+        coin = np.random.default_rng([int(seed), 0x5EED]).random()
+        if rooms and (rooms >= 1.0 or coin < rooms):
             return ROOM_TASKS + int(seed)
+        if loops and coin < rooms + loops:
+            return LOOP_TASKS + int(seed)
         return int(seed)
 
     def train_seed_stream(self, seed: int) -> Iterator[int]:
         """Endless reproducible stream of training task seeds that skips eval mazes (see module doc), each
         mapped by ``training_task``."""
-        return train_seed_stream(seed, self.eval_set, self.training_task if self.train_room_endpoints else None)
+        mapped = self.train_room_endpoints or self.train_open_passage
+        return train_seed_stream(seed, self.eval_set, self.training_task if mapped else None)
 
     # -- supervised warm start -----------------------------------------------------------------
 

@@ -59,6 +59,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "algorithm.mask_unexecuted": False,  # session 15
     "sft.grounding_mix": 0,  # session 15
     "env.train_room_endpoints": 0.0,  # session 16
+    "env.train_open_passage": 0.0,  # session 17
 }
 
 
@@ -273,8 +274,9 @@ class NativeRun:
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
             return None
         # the same content hash, over the grounding config; its questions put the agent and the goal on random
-        # cells whatever the env's training endpoints, so those do not count
-        env = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items() if k != "train_room_endpoints"}
+        # cells of its own tree mazes whatever the env's training tasks are, so those options do not count
+        env = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items()
+               if k not in ("train_room_endpoints", "train_open_passage")}
         key = sft_cache_key(cfg.grounding, env, cfg.policy)
         out_dir = Path(cfg.paths.cache_dir) / "grounding" / key
         out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from rlkit.tasks import TaskSampler
@@ -82,3 +83,50 @@ def test_room_endpoint_share_must_be_a_share(bad):
 
     with pytest.raises(ValueError, match="train_room_endpoints"):
         VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", train_room_endpoints=bad)
+
+
+def test_loop_task_share_of_the_visgym_training_stream():
+    from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, generate_maze
+    from envs.visgym.spec import VisGymMaze
+    from rlkit.tasks import training_sampler
+
+    def spec(rooms=0.0, loops=0.0):
+        return VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan",
+                          train_room_endpoints=rooms, train_open_passage=loops)
+
+    half = training_sampler(spec(loops=0.5), 1).sample(400)
+    assert 110 < sum(s >= LOOP_TASKS for s in half) < 200  # 0.5 * 0.64 / (0.5 * 0.64 + 0.5 * 0.92) = 41% (above)
+    assert all(s < ROOM_TASKS or s >= LOOP_TASKS for s in half)
+    # with both options one coin splits the stream: rooms below the room share, loops above it. About 36% of
+    # the 7x7 loop tasks close back to an evaluation maze and are skipped (8% of corner tasks), so of 800 draws
+    # about 0.25 / (0.25 + 0.5 * 0.64 + 0.25 * 0.92) = 31% are rooms and 40% loops
+    both = training_sampler(spec(rooms=0.25, loops=0.5), 1).sample(800)
+    n_rooms, n_loops = sum(ROOM_TASKS <= s < LOOP_TASKS for s in both), sum(s >= LOOP_TASKS for s in both)
+    assert 200 < n_rooms < 310 and 270 < n_loops < 370
+    # a loop task that closes back to an evaluation maze is held out, and the stream never draws one
+    ev = spec(loops=1.0)
+    eval_keys = {(generate_maze(s, 7)[0].tobytes(), generate_maze(s, 7)[1:]) for s in ev.eval_seeds()}
+
+    def closes_to_eval(seed):
+        m, start, goal = generate_maze(seed, 7)
+        for r, c in np.argwhere(m == 0):
+            if (r + c) % 2 == 1:
+                m2 = m.copy()
+                m2[r, c] = 1
+                if (m2.tobytes(), (start, goal)) in eval_keys:
+                    return True
+        return False
+
+    held = [LOOP_TASKS + s for s in range(3000) if closes_to_eval(LOOP_TASKS + s)]
+    assert held and all(ev.is_eval_seed(s) for s in held)
+    assert not any(ev.is_eval_seed(LOOP_TASKS + s) for s in range(3000) if LOOP_TASKS + s not in held)
+    assert not any(closes_to_eval(s) for s in training_sampler(ev, 2).sample(500))
+
+
+@pytest.mark.parametrize("rooms, loops", [(0.0, -0.1), (0.0, 1.5), (0.0, True), (0.6, 0.5)])
+def test_loop_task_share_must_fit_beside_the_room_share(rooms, loops):
+    from envs.visgym.spec import VisGymMaze
+
+    with pytest.raises(ValueError, match="train_open_passage"):
+        VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan",
+                   train_room_endpoints=rooms, train_open_passage=loops)

@@ -58,6 +58,21 @@ def test_solver_episode_succeeds(kwargs):
         assert len(outs) == (1 if spec.mode == "plan" else len(spec.solution(seed)))
 
 
+@pytest.mark.parametrize("parser", ["plan", "plan_cells", "plan_walls"])
+def test_solver_episode_succeeds_on_loop_tasks(parser):
+    """The demonstration of a loop task is its shortest route, which may take the opened passage."""
+    from envs.visgym.maze import LOOP_TASKS, solve_moves
+
+    spec = VisGymMaze(variant="small", mode="plan", parser=parser, max_turns=17, wall_move="fail", train_open_passage=1.0)
+    seeds = [spec.training_task(s) for s in range(40)]
+    assert all(s >= LOOP_TASKS for s in seeds)
+    for seed in seeds:
+        walls, start, goal = generate_maze(seed, 7)
+        env, outs = _run(spec, seed, spec.demonstration(seed))
+        assert env.success() and outs[-1].info["agent"] == list(goal)
+        assert len(spec.solution(seed)) == len(solve_moves(walls, start, goal)) + 1  # the shortest route, stop
+
+
 @pytest.mark.parametrize("parser", ["plan", "plan_walls"])
 def test_solver_episode_succeeds_on_room_endpoint_tasks(parser):
     from envs.visgym.maze import ROOM_TASKS
