@@ -171,8 +171,13 @@ def layout_key(seed: int, size: int) -> bytes:
     Raises:
         ValueError: as ``generate_maze``.
     """
-    maze_map, start, goal = generate_maze(seed, size)
-    return maze_map.astype(np.uint8).tobytes() + bytes((*start, *goal))
+    return maze_key(*generate_maze(seed, size))
+
+
+def maze_key(maze_map: np.ndarray, start: Pos, goal: Pos) -> bytes:
+    """``layout_key`` of a maze given as ``(maze_map [size, size], start, goal)`` rather than by seed: the walls
+    as uint8 bytes in row order, then the start's and the goal's (row, col)."""
+    return np.asarray(maze_map).astype(np.uint8).tobytes() + bytes((*start, *goal))
 
 
 def step_position(maze_map: np.ndarray, pos: Pos, direction: int) -> Pos:

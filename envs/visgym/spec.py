@@ -26,7 +26,7 @@ from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, de
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
 ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, generate_maze, layout_key
+from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, generate_maze, layout_key, maze_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
@@ -80,12 +80,12 @@ class EvalSet:
         """A loop task (``maze.LOOP_TASKS``) is held out when closing one of its passages again gives one of
         the set's mazes: its picture differs from an evaluation maze's by one passage."""
         maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[self.variant])
-        size, layouts, ends = maze_map.shape[0], self.layouts(), bytes((*start, *goal))
+        size, layouts = maze_map.shape[0], self.layouts()
         for r in range(1, size - 1):
             for c in range(1, size - 1):
                 if (r + c) % 2 == 1 and maze_map[r, c] == 0:
                     maze_map[r, c] = 1
-                    if maze_map.astype(np.uint8).tobytes() + ends in layouts:
+                    if maze_key(maze_map, start, goal) in layouts:
                         return True
                     maze_map[r, c] = 0
         return False
