@@ -149,6 +149,20 @@ def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_lo
     assert _compose(["experiment=long_demo_pipelined"]).tasks_per_step == 8
 
 
+def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
+    cfg, small = _compose(["experiment=tiny_9x9"]), _compose([])
+    assert (cfg.env.variant, cfg.env.mode) == ("easy", "plan")
+    assert cfg.policy.tiny.image_max_pixels == _compose(["env=visgym"]).policy.tiny.image_max_pixels
+    for key in ("steps", "tasks_per_step", "lr", "grounding.enabled", "sft.grounding_mix", "policy.lora.include_vision",
+                "algorithm.lr_schedule", "algorithm.dynamic_sampling_max_rounds",
+                "algorithm.dynamic_sampling_adaptive_batch", "algorithm.demo_coef", "algorithm.entropy_coef"):
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(small, key), key
+    # env=visgym alone keeps its own lighter settings (no grounding, 150 steps of 8 tasks at lr 1e-3)
+    plain = _compose(["env=visgym"])
+    assert (plain.grounding.enabled, plain.steps, plain.tasks_per_step, plain.lr) == (False, 150, 8, 1e-3)
+    assert _compose(["experiment=tiny_9x9", "steps=5"]).steps == 5  # the command line still wins
+
+
 def test_default_backend_is_two_replicated_ranks_on_ray_and_the_command_line_wins():
     # conf/backend/native_ray_ddp.yaml: native_ray with 2 DDP ranks and 2 rollout workers, one core each
     b = _compose([]).backend
