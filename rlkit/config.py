@@ -175,6 +175,9 @@ class SFTConfig:
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 20
+    # constant | cosine: after the warmup, a half cosine from lr to 0 at max_steps (a stop at
+    # target_success before max_steps ends the stage earlier, at a higher lr)
+    lr_schedule: str = "constant"
     target_success: float = 0.45
     val_tasks: int = 64
     eval_every: int = 25
@@ -363,6 +366,7 @@ RANGES: dict[str, Range] = {
     "algorithm.weight_decay": Range(0),
     "algorithm.warmup_steps": Range(0, integer=True, note="0 = no warmup"),
     "algorithm.lr_schedule": Range(choices=("constant", "cosine")),
+    "sft.lr_schedule": Range(choices=("constant", "cosine")),
     "rollout.temperature": Range(0, note="0 = greedy"),
     "rollout.top_p": Range(0, 1, lo_open=True, note="1 = off"),
     "rollout.top_k": Range(0, integer=True, also=(-1,), note="0 or -1 = off"),

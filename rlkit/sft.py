@@ -37,6 +37,7 @@ from rlkit.evaluation import evaluate
 from rlkit.rollout import Trajectory
 from rlkit.tasks import TaskSampler, training_sampler
 from rlkit.types import Episode, EnvSpec
+from rlkit.update import warmup_schedule
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +89,13 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
 
 def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
     """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when it is
-    0 (off builds exactly what the stage built before the key existed, so those caches stay valid)."""
+    0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
+    the keys existed, so those caches stay valid)."""
     plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
     if not plain.get("grounding_mix"):
         plain.pop("grounding_mix", None)
+    if plain.get("lr_schedule", "constant") == "constant":
+        plain.pop("lr_schedule", None)
     return plain
 
 
@@ -297,7 +301,9 @@ def train_sft(
         log.info("sft: %d demonstrations (%d tasks drawn)", len(demos), num_drawn)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    lr_factor = warmup_schedule(getattr(cfg, "lr_schedule", "constant"), cfg.warmup_steps, cfg.max_steps,
+                                "sft.lr_schedule")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     val_success, step, history = 0.0, 0, []
     val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
     order: list[int] = []
@@ -320,6 +326,7 @@ def train_sft(
         loss.backward()
         loss = loss.detach()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
+        lr = opt.param_groups[0]["lr"]  # this step's lr (sft.lr_schedule)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -329,7 +336,7 @@ def train_sft(
             metrics, _, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
             val_success = metrics["eval/success_rate"]
             fit = demonstration_metrics(policy, val_demos) if val_demos else {}
-            history.append({"step": step, "loss": float(loss), "val_success": val_success,
+            history.append({"step": step, "loss": float(loss), "lr": lr, "val_success": val_success,
                             "val_distinct_outputs": metrics["eval/distinct_outputs"],
                             **{f"val_{k}": v for k, v in fit.items()}})
             log.debug("sft step %d: %s", step, history[-1])

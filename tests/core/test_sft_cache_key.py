@@ -63,6 +63,14 @@ def test_grounding_mix_off_keys_as_before_the_option_existed():
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 8})), ENV, _policy()) != before
 
 
+def test_constant_lr_schedule_keys_as_before_the_option_existed():
+    from rlkit.sft import sft_stage_config
+
+    before = sft_cache_key(SFT, ENV, _policy())
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"lr_schedule": "constant"})), ENV, _policy()) == before
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"lr_schedule": "cosine"})), ENV, _policy()) != before
+
+
 def test_corner_endpoints_key_as_before_the_option_existed():
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_room_endpoints": 0.0}), _policy()) == before
