@@ -187,6 +187,11 @@ class SFTConfig:
     # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
     # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
+    # Later stages of the warm start, run after this one in the same job: each a mapping of sft keys
+    # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config, trained from the previous
+    # stage's checkpoint with a fresh AdamW and cached on its own (keyed as the job that starts from that
+    # checkpoint through policy.path would key it). [] = one stage.
+    stages: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -419,11 +424,38 @@ def check_ranges(cfg: Any) -> list[str]:
         if not rule.check(value):
             hint = f" (or {stage}.enabled=false)" if stage in ("sft", "grounding") else ""
             problems.append(f"{key}={value!r} {rule.describe()}{hint}")
+    if "sft" not in off:
+        problems += [p for i, stage in enumerate(OmegaConf.select(cfg, "sft.stages", default=None) or [])
+                     for p in check_sft_stage(cfg, i, stage)]
     betas = OmegaConf.select(cfg, "algorithm.adam_betas", default=None)
     if betas is not None:
         betas = list(betas)
         if len(betas) != 2 or not all(Range(0, 1, hi_open=True).check(b) for b in betas):
             problems.append(f"algorithm.adam_betas={betas} must be two numbers in [0, 1)")
+    return problems
+
+
+#: sft keys a later warm-start stage (sft.stages) may not set: whether there is a warm start, and its stages.
+SFT_STAGE_FIXED = ("enabled", "stages")
+
+
+def check_sft_stage(cfg: Any, index: int, stage: Any) -> list[str]:
+    """Problems with ``sft.stages[index]`` (a mapping of sft keys): a key that is not an sft key or may not
+    change between stages (SFT_STAGE_FIXED), and values outside the sft.* ``RANGES``; one line each."""
+    from dataclasses import fields
+
+    from omegaconf import OmegaConf
+
+    name = f"sft.stages[{index}]"
+    if not OmegaConf.is_dict(stage) and not isinstance(stage, dict):
+        return [f"{name}={stage!r} must be a mapping of sft keys, e.g. {{max_steps: 600, lr_schedule: cosine}}"]
+    known = {f.name for f in fields(SFTConfig)} - set(SFT_STAGE_FIXED)
+    problems = [f"{name}.{k} is not a key a later stage can set (use one of: {', '.join(sorted(known))})"
+                for k in stage if k not in known]
+    merged = OmegaConf.merge(OmegaConf.select(cfg, "sft"), {k: v for k, v in stage.items() if k in known})
+    for key, rule in RANGES.items():
+        if key.startswith("sft.") and key[4:] in stage and not rule.check(merged[key[4:]]):
+            problems.append(f"{name}.{key[4:]}={merged[key[4:]]!r} {rule.describe()}")
     return problems
 
 

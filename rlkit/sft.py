@@ -90,13 +90,27 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
 def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
     """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when it is
     0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
-    the keys existed, so those caches stay valid)."""
+    the keys existed, so those caches stay valid), and without ``stages`` (``sft_stage_configs``)."""
     plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
     if not plain.get("grounding_mix"):
         plain.pop("grounding_mix", None)
     if plain.get("lr_schedule", "constant") == "constant":
         plain.pop("lr_schedule", None)
+    plain.pop("stages", None)  # each later stage is keyed on its own, by its predecessor's checkpoint
     return plain
+
+
+def sft_stage_configs(sft_cfg: Any) -> list[dict[str, Any]]:
+    """The warm start's stages in order, each as the plain ``sft`` config it trains with (without
+    ``stages``): the config itself, then ``sft.stages[i]`` set over it for each later stage. Stage i > 0
+    starts from stage i - 1's checkpoint with a fresh optimizer, as a job with ``policy.path`` pointing at
+    that checkpoint and these sft keys would (rlkit.backends.native keys its cache the same way, so the
+    chained jobs' caches and the one job's are the same entries). Keys are checked by
+    rlkit.config.check_sft_stage before any work."""
+    base = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
+    stages = [dict(OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else s)
+              for s in base.pop("stages", None) or []]
+    return [base] + [{**base, **stage} for stage in stages]
 
 
 def checkpoint_fingerprint(folder: Path) -> str:

@@ -132,6 +132,9 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
     ("eval.seen_tasks=-1", "eval.seen_tasks=-1 must be an integer >= 0"),
+    ("sft.stages=[{max_step:2}]", "sft.stages[0].max_step is not a key a later stage can set"),
+    ("sft.stages=[{lr_schedule:linear}]", "sft.stages[0].lr_schedule='linear' must be one of constant, cosine"),
+    ("sft.stages=[{enabled:false}]", "sft.stages[0].enabled is not a key a later stage can set"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -172,6 +175,29 @@ def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     (sft,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
     proc2 = _run(["experiment=smoke", "steps=1", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert "grounding: reusing" in proc2.stdout and "SFT warm start: reusing" in proc2.stdout
+
+
+def test_sft_stages_continue_the_warm_start_and_share_the_chained_jobs_caches(tmp_path):
+    """sft.stages: a second warm-start stage trains on from the first one's checkpoint (cosine lr, another
+    seed) and is cached under the key of the job that starts from the first stage through policy.path with
+    the same sft keys, so that job reuses it instead of training it again."""
+    import re
+
+    proc = _run(["experiment=smoke", "steps=0", "sft.stages=[{max_steps:3,seed:7,lr_schedule:cosine,warmup_steps:0}]",
+                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    first = re.search(r"SFT warm start 1/2: building (\S+)", proc.stdout).group(1)
+    second = re.search(r"SFT warm start 2/2: building (\S+)", proc.stdout).group(1)
+    assert first != second
+    history = json.loads((Path(second) / "sft_summary.json").read_text())["history"]
+    assert [h["step"] for h in history] == [2, 3]  # its own max_steps (3), checked every 2 as the smoke's
+    # the stage's own cosine from sft.lr=1e-3 over its 3 steps: steps 2 and 3 train at 0.75 and 0.25 of it
+    assert [h["lr"] for h in history] == pytest.approx([0.75e-3, 0.25e-3])
+    chained = _run(["experiment=smoke", "steps=0", f"policy.path={first}", "~policy.tiny", "sft.max_steps=3",
+                    "sft.seed=7", "sft.lr_schedule=cosine", "sft.warmup_steps=0", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+    assert f"SFT warm start: reusing {second}" in chained.stdout, chained.stdout[-3000:]
+    again = _run(["experiment=smoke", "steps=0", "sft.stages=[{max_steps:3,seed:7,lr_schedule:cosine,warmup_steps:0}]",
+                  f"hydra.run.dir={tmp_path / 'run3'}"], tmp_path)
+    assert f"SFT warm start 1/2: reusing {first}" in again.stdout and f"2/2: reusing {second}" in again.stdout
 
 
 def test_selective_rollout_records_every_group_and_checkpoints_its_streaks(tmp_path):

@@ -60,6 +60,8 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.grounding_mix": 0,  # session 15
     "env.train_room_endpoints": 0.0,  # session 16
     "env.train_open_passage": 0.0,  # session 17
+    "sft.lr_schedule": "constant",  # session 20
+    "sft.stages": [],  # session 20
 }
 
 
@@ -323,12 +325,14 @@ class NativeRun:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
 
         With grounding.enabled, a tiny policy is first visually grounded (``_grounded_base``) and SFT
-        starts from that.
+        starts from that. With ``sft.stages``, each later stage then continues from the previous one's
+        checkpoint (rlkit.sft.sft_stage_configs); the last stage's checkpoint is the warm start.
         """
-        from rlkit.sft import sft_cache_key, sft_stage_config, train_sft
+        from rlkit.sft import sft_cache_key, sft_stage_config, sft_stage_configs
 
         cfg = self.cfg
         grounded = self._grounded_base()
+        stages = sft_stage_configs(cfg.sft)
         # A warm start from a grounded base also depends on how that base was grounded.
         sft_key = sft_stage_config(cfg.sft)
         stage_key = sft_key if grounded is None else {"sft": sft_key,
@@ -336,28 +340,46 @@ class NativeRun:
         # the greedy validation that decides where the stage stops decodes with these
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
         key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
-        out_dir = Path(cfg.paths.cache_dir) / "sft" / key
+        out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, grounded, self.sft_cfg,
+                                  make_engine, SamplingParams, label="" if len(stages) == 1 else f" 1/{len(stages)}")
+        for i, stage in enumerate(stages[1:], start=2):
+            # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
+            policy = OmegaConf.to_container(cfg.policy, resolve=True)
+            policy.pop("tiny", None)
+            policy["path"] = str(out_dir)
+            key = sft_cache_key(sft_stage_config(stage), cfg.env, policy, decoding)
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, str(out_dir),
+                                      SFTConfig(**stage), make_engine, SamplingParams, label=f" {i}/{len(stages)}")
+        return str(out_dir)
+
+    def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,
+                   SamplingParams: Any, label: str = "") -> Path:
+        """Build one warm-start stage into ``out_dir`` from ``base_path`` (None: the policy config's own
+        weights), or reuse it when its summary is there; under a file lock, saved atomically."""
+        from rlkit.sft import train_sft
+
+        cfg = self.cfg
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(out_dir.with_suffix(".lock")):
             if (out_dir / "sft_summary.json").is_file():
                 summary = json.loads((out_dir / "sft_summary.json").read_text())
-                self.progress.say(f"SFT warm start: reusing {out_dir} (val success {summary['val_success']:.1%})")
-                return str(out_dir)
-            base = instantiate_plugin(cfg.policy, "policy", base_path=grounded, train_mode="full")
+                self.progress.say(f"SFT warm start{label}: reusing {out_dir} (val success {summary['val_success']:.1%})")
+                return out_dir
+            base = instantiate_plugin(cfg.policy, "policy", base_path=base_path, train_mode="full")
             self._check_answer_fits(base.tokenizer)  # before minutes of supervised learning towards cut answers
-            self.progress.say(f"SFT warm start: building {out_dir} (cached for later runs)")
+            self.progress.say(f"SFT warm start{label}: building {out_dir} (cached for later runs)")
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
             phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
             tasks = phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))
-            summary = train_sft(self.env_spec, base, engine, self.sft_cfg, greedy, out_dir,
+            summary = train_sft(self.env_spec, base, engine, sft_cfg, greedy, out_dir,
                                 progress=self.progress.sft, grounding_tasks=tasks)
-            self.progress.say(f"SFT warm start: {summary['steps']} steps, val success "
-                              f"{summary['val_success']:.1%} on {self.sft_cfg.val_tasks} held-out training "
+            self.progress.say(f"SFT warm start{label}: {summary['steps']} steps, val success "
+                              f"{summary['val_success']:.1%} on {sft_cfg.val_tasks} held-out training "
                               f"tasks (not the eval set), {summary['wall_time_s']:.0f}s")
             del base, engine
-        return str(out_dir)
+        return out_dir
 
     # ---------------------------------------------------------------- resume
     def _resume(self) -> None:
