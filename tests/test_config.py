@@ -163,6 +163,22 @@ def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
     assert _compose(["experiment=tiny_9x9", "steps=5"]).steps == 5  # the command line still wins
 
 
+def test_tiny_9x9_long_is_tiny_9x9_with_two_more_warm_start_stages():
+    from rlkit.config import check_ranges
+    from rlkit.sft import sft_stage_config, sft_stage_configs
+
+    cfg, short = _compose(["experiment=tiny_9x9_long"]), _compose(["experiment=tiny_9x9"])
+    # the first stage is tiny_9x9's warm start, keyed the same (its cache is shared), and GRPO is unchanged
+    assert sft_stage_config(cfg.sft) == sft_stage_config(short.sft)
+    for key in ("steps", "tasks_per_step", "lr", "env", "grounding", "algorithm", "policy", "trainer.eval_interval"):
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(short, key), key
+    stages = sft_stage_configs(cfg.sft)
+    assert [(s["max_steps"], s["target_success"], s["lr_schedule"], s["seed"]) for s in stages] == [
+        (1600, 0.45, "constant", 1234), (600, 1.0, "constant", 1234), (600, 1.0, "cosine", 1235)]
+    assert stages[2]["grounding_mix"] == 8 and "stages" not in stages[2]
+    assert check_ranges(cfg) == []
+
+
 def test_default_backend_is_two_replicated_ranks_on_ray_and_the_command_line_wins():
     # conf/backend/native_ray_ddp.yaml: native_ray with 2 DDP ranks and 2 rollout workers, one core each
     b = _compose([]).backend
