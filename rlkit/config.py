@@ -188,9 +188,10 @@ class SFTConfig:
     # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
     # Later stages of the warm start, run after this one in the same job: each a mapping of sft keys
-    # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config, trained from the previous
-    # stage's checkpoint with a fresh AdamW and cached on its own (keyed as the job that starts from that
-    # checkpoint through policy.path would key it). [] = one stage.
+    # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config (not over the stage
+    # before: a key a stage does not set has this config's value), trained from the previous stage's
+    # checkpoint with a fresh AdamW and cached on its own (keyed as the job that starts from that checkpoint
+    # through policy.path would key it). [] = one stage.
     stages: list[Any] = field(default_factory=list)
 
 
@@ -425,6 +426,7 @@ def check_ranges(cfg: Any) -> list[str]:
             hint = f" (or {stage}.enabled=false)" if stage in ("sft", "grounding") else ""
             problems.append(f"{key}={value!r} {rule.describe()}{hint}")
     if "sft" not in off:
+        problems += _cosine_problems("sft", OmegaConf.select(cfg, "sft", default=None) or {})
         problems += [p for i, stage in enumerate(OmegaConf.select(cfg, "sft.stages", default=None) or [])
                      for p in check_sft_stage(cfg, i, stage)]
     betas = OmegaConf.select(cfg, "algorithm.adam_betas", default=None)
@@ -440,11 +442,13 @@ SFT_STAGE_FIXED = ("enabled", "stages")
 
 
 def check_sft_stage(cfg: Any, index: int, stage: Any) -> list[str]:
-    """Problems with ``sft.stages[index]`` (a mapping of sft keys): a key that is not an sft key or may not
-    change between stages (SFT_STAGE_FIXED), and values outside the sft.* ``RANGES``; one line each."""
+    """Problems with ``sft.stages[index]`` (a mapping of sft keys set over ``sft``): a key that is not an sft key
+    or may not change between stages (SFT_STAGE_FIXED), a value of the wrong type, values outside the sft.*
+    ``RANGES``, and a cosine that its warmup would cover; one line each."""
     from dataclasses import fields
 
     from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
 
     name = f"sft.stages[{index}]"
     if not OmegaConf.is_dict(stage) and not isinstance(stage, dict):
@@ -452,11 +456,27 @@ def check_sft_stage(cfg: Any, index: int, stage: Any) -> list[str]:
     known = {f.name for f in fields(SFTConfig)} - set(SFT_STAGE_FIXED)
     problems = [f"{name}.{k} is not a key a later stage can set (use one of: {', '.join(sorted(known))})"
                 for k in stage if k not in known]
-    merged = OmegaConf.merge(OmegaConf.select(cfg, "sft"), {k: v for k, v in stage.items() if k in known})
+    base = OmegaConf.to_container(OmegaConf.select(cfg, "sft"), resolve=True)
+    base.pop("stages", None)
+    merged = OmegaConf.merge(OmegaConf.structured(SFTConfig), base)
+    for k in (k for k in stage if k in known):
+        try:  # typed as a command-line override of sft.<k> would be: "2" -> 2, 1 -> 1.0, "abc" refused
+            merged = OmegaConf.merge(merged, {k: stage[k]})
+        except ValidationError:
+            problems.append(f"{name}.{k}={stage[k]!r} is not a {type(getattr(SFTConfig(), k)).__name__} "
+                            f"(the type of sft.{k})")
     for key, rule in RANGES.items():
         if key.startswith("sft.") and key[4:] in stage and not rule.check(merged[key[4:]]):
             problems.append(f"{name}.{key[4:]}={merged[key[4:]]!r} {rule.describe()}")
-    return problems
+    return problems + _cosine_problems(f"{name} (stage {index + 2})", merged)
+
+
+def _cosine_problems(where: str, sft: Any) -> list[str]:
+    """A cosine schedule whose warmup covers every step never decays (the lr only ramps up)."""
+    if sft.get("lr_schedule") == "cosine" and sft.get("warmup_steps", 0) >= sft.get("max_steps", 1):
+        return [f"{where}: lr_schedule=cosine with warmup_steps={sft['warmup_steps']} >= max_steps={sft['max_steps']} "
+                f"never decays; set warmup_steps below max_steps"]
+    return []
 
 
 def register_configs() -> None:

@@ -102,15 +102,25 @@ def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
 
 def sft_stage_configs(sft_cfg: Any) -> list[dict[str, Any]]:
     """The warm start's stages in order, each as the plain ``sft`` config it trains with (without
-    ``stages``): the config itself, then ``sft.stages[i]`` set over it for each later stage. Stage i > 0
-    starts from stage i - 1's checkpoint with a fresh optimizer, as a job with ``policy.path`` pointing at
-    that checkpoint and these sft keys would (rlkit.backends.native keys its cache the same way, so the
-    chained jobs' caches and the one job's are the same entries). Keys are checked by
-    rlkit.config.check_sft_stage before any work."""
+    ``stages``): the config itself, then ``sft.stages[i]`` set over it (not over stage i) for each later
+    stage, typed by the ``SFTConfig`` schema as a command-line override would be ("2" -> 2, 1 -> 1.0), so a
+    stage keys its cache as the equivalent chained job does. Stage i > 0 starts from stage i - 1's checkpoint
+    with a fresh optimizer, as a job with ``policy.path`` pointing at that checkpoint and these sft keys would
+    (rlkit.backends.native keys its cache the same way, so the chained jobs' caches and the one job's are the
+    same entries). Keys and values are checked by rlkit.config.check_sft_stage before any work.
+
+    Raises: omegaconf.errors.ValidationError on a value of the wrong type (check_sft_stage reports it first).
+    """
     base = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
-    stages = [dict(OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else s)
+    stages = [OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else dict(s)
               for s in base.pop("stages", None) or []]
-    return [base] + [{**base, **stage} for stage in stages]
+    typed = OmegaConf.merge(OmegaConf.structured(SFTConfig), base)
+    out = [base]
+    for stage in stages:
+        merged = OmegaConf.to_container(OmegaConf.merge(typed, stage), resolve=True)
+        merged.pop("stages", None)
+        out.append(merged)
+    return out
 
 
 def checkpoint_fingerprint(folder: Path) -> str:

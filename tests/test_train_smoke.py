@@ -135,6 +135,8 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("sft.stages=[{max_step:2}]", "sft.stages[0].max_step is not a key a later stage can set"),
     ("sft.stages=[{lr_schedule:linear}]", "sft.stages[0].lr_schedule='linear' must be one of constant, cosine"),
     ("sft.stages=[{enabled:false}]", "sft.stages[0].enabled is not a key a later stage can set"),
+    ("sft.stages=[{max_steps:abc}]", "sft.stages[0].max_steps='abc' is not a int (the type of sft.max_steps)"),
+    ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -185,8 +187,8 @@ def test_sft_stages_continue_the_warm_start_and_share_the_chained_jobs_caches(tm
 
     proc = _run(["experiment=smoke", "steps=0", "sft.stages=[{max_steps:3,seed:7,lr_schedule:cosine,warmup_steps:0}]",
                  f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    first = re.search(r"SFT warm start 1/2: building (\S+)", proc.stdout).group(1)
-    second = re.search(r"SFT warm start 2/2: building (\S+)", proc.stdout).group(1)
+    first = re.search(r"SFT warm start stage 1/2: building (\S+)", proc.stdout).group(1)
+    second = re.search(r"SFT warm start stage 2/2 \(sft\.stages\[0\]\): building (\S+)", proc.stdout).group(1)
     assert first != second
     history = json.loads((Path(second) / "sft_summary.json").read_text())["history"]
     assert [h["step"] for h in history] == [2, 3]  # its own max_steps (3), checked every 2 as the smoke's
@@ -197,7 +199,8 @@ def test_sft_stages_continue_the_warm_start_and_share_the_chained_jobs_caches(tm
     assert f"SFT warm start: reusing {second}" in chained.stdout, chained.stdout[-3000:]
     again = _run(["experiment=smoke", "steps=0", "sft.stages=[{max_steps:3,seed:7,lr_schedule:cosine,warmup_steps:0}]",
                   f"hydra.run.dir={tmp_path / 'run3'}"], tmp_path)
-    assert f"SFT warm start 1/2: reusing {first}" in again.stdout and f"2/2: reusing {second}" in again.stdout
+    assert f"SFT warm start stage 1/2: reusing {first}" in again.stdout
+    assert f"SFT warm start stage 2/2 (sft.stages[0]): reusing {second}" in again.stdout
 
 
 def test_selective_rollout_records_every_group_and_checkpoints_its_streaks(tmp_path):

@@ -341,7 +341,7 @@ class NativeRun:
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
         key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
         out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, grounded, self.sft_cfg,
-                                  make_engine, SamplingParams, label="" if len(stages) == 1 else f" 1/{len(stages)}")
+                                  make_engine, SamplingParams, label="" if len(stages) == 1 else f" stage 1/{len(stages)}")
         for i, stage in enumerate(stages[1:], start=2):
             # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
             policy = OmegaConf.to_container(cfg.policy, resolve=True)
@@ -349,7 +349,8 @@ class NativeRun:
             policy["path"] = str(out_dir)
             key = sft_cache_key(sft_stage_config(stage), cfg.env, policy, decoding)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, str(out_dir),
-                                      SFTConfig(**stage), make_engine, SamplingParams, label=f" {i}/{len(stages)}")
+                                      SFTConfig(**stage), make_engine, SamplingParams,
+                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])")
         return str(out_dir)
 
     def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,
