@@ -102,7 +102,7 @@ def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
 
 def sft_stage_configs(sft_cfg: Any) -> list[dict[str, Any]]:
     """The warm start's stages in order, each as the plain ``sft`` config it trains with (without
-    ``stages``): the config itself, then ``sft.stages[i]`` set over it (not over stage i) for each later
+    ``stages``): the config itself, then ``sft.stages[i]`` set over it (not over the stage before) for each later
     stage, typed by the ``SFTConfig`` schema as a command-line override would be ("2" -> 2, 1 -> 1.0), so a
     stage keys its cache as the equivalent chained job does. Stage i > 0 starts from stage i - 1's checkpoint
     with a fresh optimizer, as a job with ``policy.path`` pointing at that checkpoint and these sft keys would
@@ -325,7 +325,7 @@ def train_sft(
         log.info("sft: %d demonstrations (%d tasks drawn)", len(demos), num_drawn)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    lr_factor = warmup_schedule(getattr(cfg, "lr_schedule", "constant"), cfg.warmup_steps, cfg.max_steps,
+    lr_factor = warmup_schedule(cfg.lr_schedule, cfg.warmup_steps, cfg.max_steps,
                                 "sft.lr_schedule")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     val_success, step, history = 0.0, 0, []

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 
 from rlkit.update import warmup_schedule
 
