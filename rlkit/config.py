@@ -425,10 +425,19 @@ def check_ranges(cfg: Any) -> list[str]:
         if not rule.check(value):
             hint = f" (or {stage}.enabled=false)" if stage in ("sft", "grounding") else ""
             problems.append(f"{key}={value!r} {rule.describe()}{hint}")
+    stages = OmegaConf.select(cfg, "sft.stages", default=None) or []
     if "sft" not in off:
         problems += _cosine_problems("sft", OmegaConf.select(cfg, "sft", default=None) or {})
-        problems += [p for i, stage in enumerate(OmegaConf.select(cfg, "sft.stages", default=None) or [])
-                     for p in check_sft_stage(cfg, i, stage)]
+        problems += [p for i, stage in enumerate(stages) for p in check_sft_stage(cfg, i, stage)]
+    elif stages:
+        problems.append(f"sft.stages has {len(stages)} later warm-start stage(s) but sft.enabled=false skips the warm "
+                        f"start: drop them (sft.stages=[]) or enable it (sft.enabled=true)")
+    steps = OmegaConf.select(cfg, "steps", default=0) or 0
+    warmup = OmegaConf.select(cfg, "algorithm.warmup_steps", default=0) or 0
+    if (OmegaConf.select(cfg, "algorithm.lr_schedule", default=None) == "cosine" and isinstance(steps, int)
+            and isinstance(warmup, int) and 0 < steps <= warmup):
+        problems.append(f"algorithm.lr_schedule=cosine with algorithm.warmup_steps={warmup} >= steps={steps} never "
+                        f"decays; set algorithm.warmup_steps below steps")
     betas = OmegaConf.select(cfg, "algorithm.adam_betas", default=None)
     if betas is not None:
         betas = list(betas)

@@ -55,14 +55,22 @@ def test_defaults_and_every_experiment_are_valid():
     ("eval.pass_k=-1", "eval.pass_k=-1 must be an integer >= 0 (0 = off)"),
     ("trainer.resume_mode=earliest", "trainer.resume_mode='earliest' must be one of latest, none, from_path"),
     ("control=blind", "control='blind' must be one of fixed_image, shuffled_reward or null"),
+    ("algorithm.warmup_steps=300", "algorithm.lr_schedule=cosine with algorithm.warmup_steps=300 >= steps=300 never decays"),
+    ("sft.enabled=false sft.stages=[{max_steps:5}]", "sft.stages has 1 later warm-start stage(s) but sft.enabled=false"),
 ])
 def test_bad_value_is_named_with_its_range(override, message):
-    problems = check_ranges(_compose([override]))
+    problems = check_ranges(_compose(override.split()))
     assert len(problems) == 1 and problems[0].startswith(message), problems
 
 
 def test_sft_ranges_apply_only_when_sft_runs():
     assert check_ranges(_compose(["sft.enabled=false", "sft.max_steps=0"])) == []
+
+
+def test_cosine_warmup_below_steps_and_a_constant_schedule_pass():
+    assert check_ranges(_compose(["algorithm.warmup_steps=299"])) == []
+    assert check_ranges(_compose(["algorithm.warmup_steps=300", "algorithm.lr_schedule=constant"])) == []
+    assert check_ranges(_compose(["algorithm.warmup_steps=300", "steps=0"])) == []  # steps=0: no GRPO update
 
 
 def test_every_typed_field_has_a_rule():
