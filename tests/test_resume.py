@@ -201,6 +201,15 @@ def test_resume_refuses_a_changed_experiment(tmp_path, cache):
     assert "resuming from" in ok.stdout
 
 
+def test_a_changed_warm_start_is_refused_before_it_is_built(tmp_path, cache):
+    # the warm start's keys are experiment keys: the resume check runs before minutes of building a new warm start
+    run = tmp_path / "run"
+    _train(run, cache, ["steps=1"])
+    proc = _train(run, cache, ["steps=1", "sft.seed=99"], check=False)
+    assert proc.returncode != 0 and "change the experiment: sft.seed (" in proc.stderr
+    assert "SFT warm start: building" not in proc.stdout and "sft step" not in proc.stdout + proc.stderr
+
+
 def test_a_checkpoint_from_before_a_key_existed_resumes_while_the_key_keeps_its_default(tmp_path, cache):
     """A run checkpointed by an older rlkit has no env.train_room_endpoints nor algorithm.mask_unexecuted in its
     config: resuming it with those keys at their defaults is the same experiment; another value is not. (The

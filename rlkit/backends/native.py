@@ -159,6 +159,9 @@ class NativeRun:
                            stop=self.stop).validate()
         except ValueError as e:
             raise ConfigError(f"rollout.{e}") from None
+        resume_from = self._resume_path()  # refuse a changed experiment before minutes of warm start, not after
+        if resume_from is not None:
+            self._check_same_experiment(resume_from)
         base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
                      else self._grounded_base())
         self.base_path = base_path  # the warm start (or grounded base) this run starts from; result.json names it
@@ -383,7 +386,11 @@ class NativeRun:
         return out_dir
 
     # ---------------------------------------------------------------- resume
-    def _resume(self) -> None:
+    def _resume_path(self) -> Path | None:
+        """The checkpoint this run resumes from (trainer.resume_mode), or None to start fresh.
+
+        Raises: CheckpointError on an unusable trainer.resume_path, or on resume_mode=none over existing checkpoints.
+        """
         mode = self.trainer.resume_mode
         path: Path | None = None
         if mode == "from_path":
@@ -398,6 +405,10 @@ class NativeRun:
                 f"{self.ckpt_root} already holds checkpoints and trainer.resume_mode=none; "
                 f"use trainer.resume_mode=latest to continue, or trainer.overwrite=true to start over there"
             )
+        return path
+
+    def _resume(self) -> None:
+        path = self._resume_path()
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
