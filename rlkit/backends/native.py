@@ -194,7 +194,7 @@ class NativeRun:
                             if explore is not None else None)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
-        self._resume()
+        self._resume(resume_from)
         self.state.run_id = self.logger.start(
             self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
             resume_id=self.state.run_id, resume_step=self.state.step,
@@ -407,13 +407,13 @@ class NativeRun:
             )
         return path
 
-    def _resume(self) -> None:
-        path = self._resume_path()
+    def _resume(self, path: Path | None) -> None:
+        """Load the checkpoint at ``path`` (from ``_resume_path``, checked by ``_check_same_experiment``), or start fresh."""
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
-        changes = self._check_same_experiment(path)
+        changes = self._check_same_experiment(path)  # the changed resumable keys (refusals were raised in setup)
         self.policy.load_adapter(path / "adapter")
         trainer_state = torch.load(path / "optimizer.pt", weights_only=True)
         self.optimizer.load_state_dict(trainer_state["optimizer"])
