@@ -51,6 +51,10 @@ SFT_BUILDER_VERSION = 2
 _IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
+#: Env keys added after warm-start caches existed, with the value that draws what builds drew before the key.
+_ENV_KEYS_ADDED_LATER: dict[str, Any] = {"train_room_endpoints": 0.0, "train_open_passage": 0.0, "holdout": "layout"}
+
+
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:
     """A short hash of what determines the warm-start checkpoint: the sft, env and policy configs, the
     builder version (SFT_BUILDER_VERSION) and, for a policy loaded from a local checkpoint folder, that
@@ -63,8 +67,8 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
     ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
-    ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0 (caches built before the key
-    existed stay valid).
+    ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0, or ``env.holdout`` when it is
+    "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid).
     Returns 16 hex chars.
     """
     def plain(v: Any) -> Any:
@@ -77,8 +81,8 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     if isinstance(path, str) and Path(path).is_dir():
         policy["path"] = {"fingerprint": checkpoint_fingerprint(Path(path))}
     env = plain(env_cfg)
-    for added_later in ("train_room_endpoints", "train_open_passage"):  # 0: the tasks every earlier build drew
-        if isinstance(env, dict) and not env.get(added_later, 1):
+    for added_later, before in _ENV_KEYS_ADDED_LATER.items():  # at `before`: the tasks every earlier build drew
+        if isinstance(env, dict) and added_later in env and env[added_later] == before:
             env = {k: v for k, v in env.items() if k != added_later}
     content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
     if decoding is not None:

@@ -180,6 +180,41 @@ def maze_key(maze_map: np.ndarray, start: Pos, goal: Pos) -> bytes:
     return np.asarray(maze_map).astype(np.uint8).tobytes() + bytes((*start, *goal))
 
 
+def dihedral_keys(maze_map: np.ndarray, start: Pos, goal: Pos) -> set[bytes]:
+    """``maze_key`` of the maze and of its images under the 8 symmetries of the square (4 rotations, each
+    with and without a left-right mirror): the same maze seen turned or mirrored, whose route is the
+    original's with its moves turned the same way. Symmetric mazes give fewer than 8 distinct keys.
+
+    Every image of a corner-to-corner tree is itself a corner-to-corner tree of the same size, so on 7x7
+    (768 layouts) every one of the 64 evaluation mazes has turned or mirrored
+    twins among the training layouts; ``VisGymMaze(holdout="dihedral")`` keeps them out of training.
+
+    Args:
+        maze_map: int [size, size], 1 wall / 0 free (square).
+        start, goal: ``(row, col)``.
+
+    Returns:
+        A set of 1 to 8 keys, the maze's own among them.
+
+    Raises:
+        ValueError: ``maze_map`` is not square.
+    """
+    grid = np.asarray(maze_map)
+    n = grid.shape[0]
+    if grid.ndim != 2 or grid.shape[1] != n:
+        raise ValueError(f"dihedral_keys needs a square maze, got shape {grid.shape}")
+    cells = np.arange(n * n).reshape(n, n)  # where each cell of the original lands, transformed alongside
+    keys = set()
+    for turns in range(4):
+        for mirror in (False, True):
+            g, c = np.rot90(grid, turns), np.rot90(cells, turns)
+            if mirror:
+                g, c = g[:, ::-1], c[:, ::-1]
+            where = {int(v): (int(r), int(k)) for (r, k), v in np.ndenumerate(c)}
+            keys.add(maze_key(np.ascontiguousarray(g), where[start[0] * n + start[1]], where[goal[0] * n + goal[1]]))
+    return keys
+
+
 def step_position(maze_map: np.ndarray, pos: Pos, direction: int) -> Pos:
     """Position after one move in action direction ``direction`` (0 right, 1 up, 2 left, 3 down).
 

@@ -26,13 +26,16 @@ from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, de
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
 ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, generate_maze, layout_key, maze_key
+from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, dihedral_keys, generate_maze, layout_key, maze_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UPSTREAM_VARIANTS, UpstreamMazeEnv, require_upstream
 
 IMPLS = ("native", "upstream")
+
+#: What training keeps out (``VisGymMaze(holdout=...)``): the evaluation mazes, or also their dihedral images.
+HOLDOUTS = ("layout", "dihedral")
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class EvalSet:
     ``variant`` and its task ``seeds``. A change of content must bump the version.
 
     ``seed in eval_set`` is membership by seed number; ``eval_set.holds_layout_of(seed)`` also
-    catches a different seed that draws one of the set's mazes (what training must skip)."""
+    catches a different seed that draws one of the set's mazes (what training must skip), and with
+    ``dihedral=True`` one that draws a turned or mirrored image of one (``maze.dihedral_keys``)."""
 
     name: str
     version: int
@@ -49,10 +53,12 @@ class EvalSet:
     seeds: tuple[int, ...]
     _seed_set: frozenset = field(init=False, repr=False, compare=False)
     _layouts: dict = field(init=False, repr=False, compare=False)
+    _twins: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_seed_set", frozenset(self.seeds))
         object.__setattr__(self, "_layouts", {})  # filled on first use: {layout_key: eval seed}
+        object.__setattr__(self, "_twins", {})  # filled on first use: {key of a dihedral image: eval seed}
 
     def __contains__(self, seed: object) -> bool:
         return seed in self._seed_set
@@ -65,22 +71,33 @@ class EvalSet:
             self._layouts.update({layout_key(s, size): s for s in self.seeds})
         return self._layouts
 
-    def holds_layout_of(self, seed: int) -> bool:
-        """True if task ``seed`` is one of the set's seeds or draws the same maze as one of them
-        (a negative or non-integer seed draws no maze: only its number is compared)."""
+    def twin_layouts(self) -> dict[bytes, int]:
+        """``{key: seed}`` of every turned or mirrored image of the set's mazes, their own keys included
+        (``maze.dihedral_keys``; computed once: 7x7's 64 mazes have 408 images, 9x9's 64 have 512)."""
+        if not self._twins:
+            size = VARIANT_SIZES[self.variant]
+            for s in self.seeds:
+                self._twins.update(dict.fromkeys(dihedral_keys(*generate_maze(s, size)), s))
+        return self._twins
+
+    def holds_layout_of(self, seed: int, dihedral: bool = False) -> bool:
+        """True if task ``seed`` is one of the set's seeds or draws the same maze as one of them, or with
+        ``dihedral`` a turned or mirrored image of one (a negative or non-integer seed draws no maze: only its
+        number is compared)."""
         if seed in self._seed_set:
             return True
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             return False
+        keys = self.twin_layouts() if dihedral else self.layouts()
         if seed >= LOOP_TASKS:
-            return self._holds_tree_of_loop(int(seed))
-        return layout_key(int(seed), VARIANT_SIZES[self.variant]) in self.layouts()
+            return self._holds_tree_of_loop(int(seed), keys)
+        return layout_key(int(seed), VARIANT_SIZES[self.variant]) in keys
 
-    def _holds_tree_of_loop(self, seed: int) -> bool:
+    def _holds_tree_of_loop(self, seed: int, layouts: dict[bytes, int]) -> bool:
         """A loop task (``maze.LOOP_TASKS``) is held out when closing one of its passages again gives one of
-        the set's mazes: its picture differs from an evaluation maze's by one passage."""
+        ``layouts`` (the set's mazes, or their dihedral images): its picture differs from one by one passage."""
         maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[self.variant])
-        size, layouts = maze_map.shape[0], self.layouts()
+        size = maze_map.shape[0]
         for r in range(1, size - 1):
             for c in range(1, size - 1):
                 if (r + c) % 2 == 1 and maze_map[r, c] == 0:
@@ -114,16 +131,17 @@ EVAL_SETS: dict[str, EvalSet] = {
 _EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64", "small": "visgym_small_64"}
 
 
-def train_seed_stream(seed: int, eval_set: EvalSet, to_task: Callable[[int], int] | None = None) -> Iterator[int]:
+def train_seed_stream(seed: int, eval_set: EvalSet, to_task: Callable[[int], int] | None = None,
+                      dihedral: bool = False) -> Iterator[int]:
     """Endless stream of training task seeds, reproducible from ``seed``: seeds in [0, 2**31 - 1), each
     mapped by ``to_task`` if given (``VisGymMaze.training_task``), skipping the seeds of ``eval_set`` and
-    every seed that draws one of its mazes."""
+    every seed that draws one of its mazes (with ``dihedral``: or a turned or mirrored image of one)."""
     rng = np.random.default_rng(seed)
     while True:
         s = int(rng.integers(0, 2**31 - 1))
         if to_task is not None:
             s = to_task(s)
-        if not eval_set.holds_layout_of(s):
+        if not eval_set.holds_layout_of(s, dihedral):
             yield s
 
 
@@ -158,6 +176,11 @@ class VisGymMaze:
             and the held-out ones differ from trained-on ones by one moved passage; loop tasks add 4 per tree
             whose route turns on one passage. A loop task that closes back to an evaluation maze is skipped
             (``EvalSet.holds_layout_of``).
+        holdout: what training keeps out besides the evaluation mazes themselves: "layout" (every seed that
+            draws one of them) or "dihedral" (also every maze that is one of them turned or mirrored,
+            ``maze.dihedral_keys``). On 7x7 the evaluation set's 64 mazes have 344 such twins among the 704
+            training layouts, so "layout" tests a policy on mazes it trained on in another orientation;
+            "dihedral" leaves 360 training layouts and tests it on mazes it has not seen in any orientation.
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -179,6 +202,7 @@ class VisGymMaze:
         wall_move: str = "stay",
         train_room_endpoints: float = 0.0,
         train_open_passage: float = 0.0,
+        holdout: str = "layout",
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -208,6 +232,8 @@ class VisGymMaze:
             raise ValueError("env.train_open_passage needs env.impl=native: upstream VisGym draws tree mazes only")
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
+        if holdout not in HOLDOUTS:
+            raise ValueError(f"env.holdout must be one of {HOLDOUTS}, got {holdout!r}")
         if impl == "upstream":
             if variant not in UPSTREAM_VARIANTS:
                 raise ValueError(
@@ -228,6 +254,7 @@ class VisGymMaze:
         self.wall_move = wall_move
         self.train_room_endpoints = float(train_room_endpoints)
         self.train_open_passage = float(train_open_passage)
+        self.holdout = holdout
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -244,7 +271,8 @@ class VisGymMaze:
             f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
             f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r}"
             + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "")
-            + (f", train_open_passage={self.train_open_passage}" if self.train_open_passage else "") + ")"
+            + (f", train_open_passage={self.train_open_passage}" if self.train_open_passage else "")
+            + (f", holdout={self.holdout!r}" if self.holdout != "layout" else "") + ")"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------
@@ -263,8 +291,9 @@ class VisGymMaze:
         return list(self.eval_set.seeds)
 
     def is_eval_seed(self, seed: int) -> bool:
-        """True if training must skip ``seed``: it is an evaluation seed or draws an evaluation maze."""
-        return self.eval_set.holds_layout_of(seed)
+        """True if training must skip ``seed``: it is an evaluation seed or draws an evaluation maze (with
+        ``holdout="dihedral"``: or one turned or mirrored)."""
+        return self.eval_set.holds_layout_of(seed, dihedral=self.holdout == "dihedral")
 
     def task_key(self, seed: int) -> bytes:
         """The identity of task ``seed`` for per-task statistics (rlkit.tasks.SolvedTaskFilter): its maze
@@ -290,7 +319,8 @@ class VisGymMaze:
         """Endless reproducible stream of training task seeds that skips eval mazes (see module doc), each
         mapped by ``training_task``."""
         mapped = self.train_room_endpoints or self.train_open_passage
-        return train_seed_stream(seed, self.eval_set, self.training_task if mapped else None)
+        return train_seed_stream(seed, self.eval_set, self.training_task if mapped else None,
+                                 dihedral=self.holdout == "dihedral")
 
     # -- supervised warm start -----------------------------------------------------------------
 

@@ -60,6 +60,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.grounding_mix": 0,  # session 15
     "env.train_room_endpoints": 0.0,  # session 16
     "env.train_open_passage": 0.0,  # session 17
+    "env.holdout": "layout",  # session 22
     "sft.lr_schedule": "constant",  # session 20
     "sft.stages": [],  # session 20
 }

@@ -81,3 +81,9 @@ def test_tree_mazes_key_as_before_the_loop_option_existed():
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_open_passage": 0.0}), _policy()) == before
     assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_open_passage": 0.5}), _policy()) != before
+
+
+def test_the_layout_holdout_keys_as_before_the_option_existed():
+    before = sft_cache_key(SFT, ENV, _policy())
+    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"holdout": "layout"}), _policy()) == before
+    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"holdout": "dihedral"}), _policy()) != before

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from envs.visgym import EVAL_SETS, MazeEpisode, VisGymMaze, generate_maze, layout_key, solve_moves
+from envs.visgym import LOOP_TASKS, EVAL_SETS, MazeEpisode, VisGymMaze, dihedral_keys, generate_maze, layout_key, solve_moves
 from envs.visgym.upstream import upstream_installed
 from rlkit.tasks import TaskSampler
 from rlkit.types import EpisodeEnv, StepOutput
@@ -248,6 +248,7 @@ def test_small_variant_is_native_only():
         (dict(max_turns=2.5), ValueError, "max_turns"),
         (dict(cell_size=3), ValueError, "cell_size"),
         (dict(impl="visgym"), ValueError, "impl"),
+        (dict(holdout="orientation"), ValueError, "holdout"),
         (dict(impl="upstream", cell_size=10), ValueError, "cell_size"),
     ],
 )
@@ -309,3 +310,25 @@ def test_wall_move_fail_ends_an_interactive_episode():
     assert "hit a wall" in out.info["feedback"]
     with pytest.raises(ValueError, match="wall_move"):
         VisGymMaze(variant="small", wall_move="bounce")
+
+
+def test_the_dihedral_holdout_keeps_turned_and_mirrored_eval_mazes_out_of_training():
+    layout = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    dihedral = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17, holdout="dihedral")
+    eval_keys = {layout_key(s, 7) for s in layout.eval_seeds()}
+    twin_keys = set().union(*(dihedral_keys(*generate_maze(s, 7)) for s in layout.eval_seeds()))
+    # the first seeds of each kind in the stream of all 7x7 seeds
+    seeds = [s for s in range(64, 2000) if s not in layout.eval_set]
+    twins = [s for s in seeds if layout_key(s, 7) in twin_keys - eval_keys]
+    others = [s for s in seeds if layout_key(s, 7) not in twin_keys]
+    assert twins and others
+    assert not any(layout.is_eval_seed(s) for s in twins[:50]) and all(dihedral.is_eval_seed(s) for s in twins[:50])
+    assert not any(dihedral.is_eval_seed(s) for s in others[:50])
+    assert all(dihedral.is_eval_seed(s) for s in dihedral.eval_seeds())
+    drawn = list(itertools.islice(dihedral.train_seed_stream(0), 5000))  # covers all 360 (coupon collector)
+    assert not any(layout_key(s, 7) in twin_keys for s in drawn)
+    # 7x7: the 64 eval mazes have 344 twins among the 704 other layouts, which leaves 360 to train on
+    assert len({layout_key(s, 7) for s in drawn}) == 360 and len(twin_keys - eval_keys) == 344
+    assert "holdout='dihedral'" in repr(dihedral) and "holdout" not in repr(layout)
+    # a loop task whose passage, closed again, gives a twin is held out as well
+    assert all(dihedral.is_eval_seed(LOOP_TASKS + t) for t in twins[:10])

@@ -8,7 +8,9 @@ import pytest
 from envs.visgym import (
     EVAL_SETS,
     MOVE_DELTAS,
+    MOVE_NAMES,
     VARIANT_SIZES,
+    dihedral_keys,
     generate_maze,
     layout_key,
     path_to_moves,
@@ -16,6 +18,8 @@ from envs.visgym import (
     solve,
     solve_moves,
 )
+
+from envs.visgym.maze import maze_key
 
 SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
 
@@ -165,3 +169,48 @@ def test_loop_tasks_open_one_more_passage_and_keep_the_corners(size):
     # the last room-endpoint seed is still a room task: its start and goal are rooms, its walls a tree
     room_walls = generate_maze(LOOP_TASKS - 1, 7)[0]
     assert np.array_equal(room_walls, generate_maze(LOOP_TASKS - 1 - ROOM_TASKS, 7)[0])
+
+
+def test_dihedral_keys_turn_and_mirror_a_hand_checked_maze():
+    # 7x7, start top-left, goal bottom-right; route right right right right down down down down
+    maze_map = np.array([[1, 1, 1, 1, 1, 1, 1],
+                         [1, 0, 0, 0, 0, 0, 1],
+                         [1, 1, 1, 0, 1, 0, 1],
+                         [1, 0, 0, 0, 1, 0, 1],
+                         [1, 0, 1, 1, 1, 0, 1],
+                         [1, 0, 0, 0, 1, 0, 1],
+                         [1, 1, 1, 1, 1, 1, 1]])
+    keys = dihedral_keys(maze_map, (1, 1), (5, 5))
+    assert len(keys) == 8 and maze_key(maze_map, (1, 1), (5, 5)) in keys
+    # turned a quarter counter-clockwise (np.rot90): the top row becomes the left column read upwards,
+    # so the start (1, 1) moves to (5, 1) and the goal (5, 5) to (1, 5); the route turns with it
+    turned = np.rot90(maze_map).copy()
+    assert maze_key(turned, (5, 1), (1, 5)) in keys
+    assert [MOVE_NAMES[m] for m in solve_moves(turned, (5, 1), (1, 5))] == ["up"] * 4 + ["right"] * 4
+    # mirrored left-right: start (1, 5), goal (5, 1)
+    assert maze_key(maze_map[:, ::-1].copy(), (1, 5), (5, 1)) in keys
+    # not an image: the same walls with the endpoints swapped, or the walls transposed with the old endpoints
+    assert maze_key(maze_map, (5, 5), (1, 1)) not in keys
+    assert maze_key(maze_map.T.copy(), (5, 1), (1, 5)) not in keys
+    # a ring symmetric under all 8, with endpoints fixed by the transpose only: 4 distinct images
+    sym = np.ones((5, 5), dtype=np.int64)
+    sym[1:4, 1:4], sym[2, 2] = 0, 1
+    assert len(dihedral_keys(sym, (1, 1), (3, 3))) == 4
+    with pytest.raises(ValueError, match="square"):
+        dihedral_keys(np.ones((7, 9)), (1, 1), (5, 7))
+
+
+@pytest.mark.parametrize("variant", ["small", "easy"])
+def test_every_dihedral_image_of_an_eval_maze_is_a_maze_of_the_same_kind(variant):
+    """An image of a corner-to-corner tree is one the generator can draw: corners, and a route of the same length."""
+    size = VARIANT_SIZES[variant]
+    for seed in EVAL_SETS[f"visgym_{variant}_64"].seeds[:16]:
+        maze_map, start, goal = generate_maze(seed, size)
+        length = len(solve_moves(maze_map, start, goal))
+        for key in dihedral_keys(maze_map, start, goal):
+            image = np.frombuffer(key[:-4], dtype=np.uint8).reshape(size, size).astype(np.int64)
+            s, g = (key[-4], key[-3]), (key[-2], key[-1])
+            assert {s, g} <= {(1, 1), (1, size - 2), (size - 2, 1), (size - 2, size - 2)}
+            assert s[0] != g[0] and s[1] != g[1]
+            assert int(image.sum()) == int(maze_map.sum())
+            assert len(solve_moves(image, s, g)) == length
