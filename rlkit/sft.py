@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlkit.config import SFTConfig
+from rlkit.config import KEYS_ADDED_LATER, SFTConfig
 from rlkit.evaluation import evaluate
 from rlkit.rollout import Trajectory
 from rlkit.tasks import TaskSampler, training_sampler
@@ -52,7 +52,7 @@ _IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
 #: Env keys added after warm-start caches existed, with the value that draws what builds drew before the key.
-_ENV_KEYS_ADDED_LATER: dict[str, Any] = {"train_room_endpoints": 0.0, "train_open_passage": 0.0, "holdout": "layout"}
+_ENV_KEYS_ADDED_LATER: dict[str, Any] = {k[len("env."):]: v for k, v in KEYS_ADDED_LATER.items() if k.startswith("env.")}
 
 
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:

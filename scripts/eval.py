@@ -4,6 +4,7 @@
     python scripts/eval.py outputs/.../checkpoints/latest --num-tasks 16 --out eval16.json
     python scripts/eval.py /path/to/adapter env=visgym_interactive env.max_turns=18
     python scripts/eval.py --no-adapter --base /path/to/checkpoint           # the base model alone
+    python scripts/eval.py outputs/... --twins     # also the eval mazes' turned and mirrored twins (VisGym)
 
 This is the evaluation the training loop runs (rlkit.evaluation.evaluate, rlkit.backends.native):
 the base the adapter recorded (adapter_config.json) or ``--base``, wrapped with LoRA of the
@@ -50,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads (default: trainer.num_threads, else 1, as in training: "
                         "a tiny model ran ~20x slower with torch's default pool on a shared 2-core machine)")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
+    p.add_argument("--twins", action="store_true",
+                   help="also evaluate the turned and mirrored images of the evaluation mazes that a training seed "
+                        "below --twin-seed-limit draws (VisGym; envs/visgym/maze.py dihedral_keys): does a failed "
+                        "maze fail in every orientation, or only in the one held out?")
+    p.add_argument("--twin-seed-limit", type=int, default=6000,
+                   help="seeds searched for twins (7x7: all 344 below 5,400; 9x9: about 7 per 6,000)")
     return p
 
 
@@ -122,6 +129,37 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(metrics, indent=1))
     if args.out:
         write_outcomes(Path(args.out), env_spec.eval_set_name, 0, metrics, per_task)
+    if args.twins:
+        return eval_twins(env_spec, policy, sampling, per_task, args.twin_seed_limit, args.batch_size)
+    return 0
+
+
+def eval_twins(env_spec, policy, sampling, per_task: list[dict], seed_limit: int, batch_size: int) -> int:
+    """Greedy success on the evaluation mazes' turned and mirrored twins (``EvalSet.twin_seeds``) beside the
+    evaluation set's ``per_task`` outcomes; prints one line for the twins and one per failed evaluation maze."""
+    from rlkit.evaluation import evaluate
+    from rlkit.policy import make_engine
+
+    if not callable(getattr(getattr(env_spec, "eval_set", None), "twin_seeds", None)):
+        print(f"error: --twins needs a VisGym maze env (env.eval_set.twin_seeds), not {type(env_spec).__name__}",
+              file=sys.stderr)
+        return 2
+    by_eval = {s: tw for s, tw in env_spec.eval_set.twin_seeds(seed_limit).items()
+               if s in {r["seed"] for r in per_task}}
+    seeds = sorted({t for tw in by_eval.values() for t in tw})
+    if not seeds:
+        print(f"[rlkit] no seed below {seed_limit} draws a twin of these evaluation mazes; raise --twin-seed-limit")
+        return 0
+    _, twin_tasks, _ = evaluate(env_spec, policy, make_engine(policy), seeds, sampling, policy_version=0,
+                                batch_size=batch_size)
+    solved = {r["seed"]: bool(r["success"]) for r in twin_tasks}
+    print(f"[rlkit] twins (turned or mirrored evaluation mazes, drawn by training seeds < {seed_limit}): "
+          f"{sum(solved.values()) / len(solved):.1%} ({sum(solved.values())}/{len(solved)}) of "
+          f"the twins of {sum(1 for tw in by_eval.values() if tw)} evaluation mazes")
+    for r in per_task:
+        if not r["success"] and by_eval.get(r["seed"]):
+            tw = by_eval[r["seed"]]
+            print(f"  failed evaluation maze {r['seed']}: its twins solved {sum(solved[t] for t in tw)}/{len(tw)}")
     return 0
 
 

@@ -93,6 +93,25 @@ class EvalSet:
             return self._holds_tree_of_loop(int(seed), keys)
         return layout_key(int(seed), VARIANT_SIZES[self.variant]) in keys
 
+    def twin_seeds(self, seed_limit: int) -> dict[int, list[int]]:
+        """Task seeds below ``seed_limit`` that draw a turned or mirrored image of one of the set's mazes (not
+        one of the set's own mazes), the first seed of each such maze: ``{eval seed: [seeds]}``, every eval seed
+        a key. 7x7: all 344 twins are drawn by seeds below 5,400; 9x9 has 448, and about one seed in 900 draws one.
+
+        Raises:
+            ValueError: ``seed_limit`` < 1.
+        """
+        if seed_limit < 1:
+            raise ValueError(f"seed_limit must be >= 1, got {seed_limit!r}")
+        size, twins, own = VARIANT_SIZES[self.variant], self.twin_layouts(), self.layouts()
+        first: dict[bytes, int] = {}  # twin key -> the first seed that draws it
+        for seed in range(seed_limit):
+            key = layout_key(seed, size)
+            if key in twins and key not in own:
+                first.setdefault(key, seed)
+        # each evaluation maze gets the seeds of its own images (two evaluation mazes may be twins of each other)
+        return {s: sorted(first[k] for k in dihedral_keys(*generate_maze(s, size)) if k in first) for s in self.seeds}
+
     def _holds_tree_of_loop(self, seed: int, layouts: dict[bytes, int]) -> bool:
         """A loop task (``maze.LOOP_TASKS``) is held out when closing one of its passages again gives one of
         ``layouts`` (the set's mazes, or their dihedral images): its picture differs from one by one passage."""

@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import (AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig,
-                          check_ranges, stop_strings)
+from rlkit.config import (KEYS_ADDED_LATER, AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig,
+                          TrainerConfig, check_ranges, stop_strings)
 from rlkit.console import Progress
 from rlkit.evaluation import evaluate, write_outcomes
 from rlkit.faults import maybe_crash
@@ -50,21 +50,6 @@ log = logging.getLogger(__name__)
 #: Each resume that changes something appends what changed, and from which step, to resumes.jsonl.
 RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "eval.seen_tasks", "reward.timeout_s",
                   "reward.on_error", "rollout.reuse_kv_cache")
-
-#: Config keys added after checkpoints already existed, each with the value that does what runs did before the
-#: key existed. A checkpoint's config without the key reads as that value on resume, so a run checkpointed by an
-#: older rlkit still resumes when the new key keeps its default (and is refused when it does not). A new key
-#: whose default keeps the old behaviour belongs here.
-KEYS_ADDED_LATER: dict[str, Any] = {
-    "algorithm.mask_unexecuted": False,  # session 15
-    "sft.grounding_mix": 0,  # session 15
-    "env.train_room_endpoints": 0.0,  # session 16
-    "env.train_open_passage": 0.0,  # session 17
-    "env.holdout": "layout",  # session 22
-    "sft.lr_schedule": "constant",  # session 20
-    "sft.stages": [],  # session 20
-}
-
 
 @dataclass
 class RunState:

@@ -81,6 +81,8 @@ def compose(overrides: Sequence[str] = (), run_dir: Path | None = None):
 def _warn_if_env_changed(cfg, run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
+    from rlkit.config import KEYS_ADDED_LATER
+
     recorded = run_dir / ".hydra" / "config.yaml"
     if not recorded.is_file():
         return
@@ -89,6 +91,9 @@ def _warn_if_env_changed(cfg, run_dir: Path) -> None:
         return
     before = OmegaConf.to_container(old.env, resolve=False)
     now = OmegaConf.to_container(cfg.env, resolve=False)
+    for key, value in KEYS_ADDED_LATER.items():  # a run recorded before the key existed drew what its default draws
+        if key.startswith("env.") and isinstance(before, dict):
+            before.setdefault(key[len("env."):], value)
     if before != now:
         log.warning("env config differs from the one run %s used: %s (run) vs %s (now)", run_dir, before, now)
 

@@ -332,3 +332,18 @@ def test_the_dihedral_holdout_keeps_turned_and_mirrored_eval_mazes_out_of_traini
     assert "holdout='dihedral'" in repr(dihedral) and "holdout" not in repr(layout)
     # a loop task whose passage, closed again, gives a twin is held out as well
     assert all(dihedral.is_eval_seed(LOOP_TASKS + t) for t in twins[:10])
+
+
+def test_twin_seeds_draw_the_turned_and_mirrored_images_of_each_eval_maze():
+    small = EVAL_SETS["visgym_small_64"]
+    by_eval = small.twin_seeds(6000)
+    assert sorted(by_eval) == sorted(small.seeds)
+    assert len({t for tw in by_eval.values() for t in tw}) == 344  # every twin, the first seed drawing it
+    for s, tw in by_eval.items():
+        images = dihedral_keys(*generate_maze(s, 7))
+        assert tw and all(layout_key(t, 7) in images and t not in small for t in tw)
+        assert len({layout_key(t, 7) for t in tw}) == len(tw)
+        assert len(tw) == len(images - set(small.layouts()))
+    assert small.twin_seeds(1) == {s: [] for s in small.seeds}
+    with pytest.raises(ValueError, match="seed_limit"):
+        small.twin_seeds(0)

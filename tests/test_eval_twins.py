@@ -1,0 +1,48 @@
+"""scripts/eval.py --twins: success on the evaluation mazes' turned and mirrored twins, per failed maze."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from envs.visgym import VisGymMaze
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_eval_script():
+    spec = importlib.util.spec_from_file_location("rlkit_script_eval", ROOT / "scripts" / "eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_twins_are_reported_beside_each_failed_eval_maze(monkeypatch, capsys):
+    import rlkit.evaluation
+    import rlkit.policy
+
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    by_eval = env.eval_set.twin_seeds(6000)
+    s0, s1 = env.eval_seeds()[:2]
+    unsolved = set(by_eval[s0][:2])  # a fake policy that fails two twins of the first eval maze, solves the rest
+
+    def fake_evaluate(env_spec, policy, engine, seeds, sampling, policy_version, batch_size):
+        return {}, [{"seed": s, "success": s not in unsolved} for s in seeds], None
+
+    monkeypatch.setattr(rlkit.evaluation, "evaluate", fake_evaluate)
+    monkeypatch.setattr(rlkit.policy, "make_engine", lambda policy: None)
+    per_task = [{"seed": s, "success": s not in (s0, s1)} for s in env.eval_seeds()]
+    assert load_eval_script().eval_twins(env, None, None, per_task, 6000, 64) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "99.4% (342/344) of the twins of 64 evaluation mazes" in out[0]
+    n0, n1 = len(by_eval[s0]), len(by_eval[s1])
+    assert out[1:] == [f"  failed evaluation maze {s0}: its twins solved {n0 - 2}/{n0}",
+                       f"  failed evaluation maze {s1}: its twins solved {n1}/{n1}"]
+
+
+def test_twins_need_a_maze_env(capsys):
+    class NotAMaze:
+        pass
+
+    assert load_eval_script().eval_twins(NotAMaze(), None, None, [], 100, 8) == 2
+    assert "--twins needs a VisGym maze env" in capsys.readouterr().err
