@@ -85,6 +85,16 @@ class FixedImageEnvSpec:
         return _FixedImageEnv(self._spec.make(), self.images)
 
 
+def fixed_image_seed(seed: int, spec: Any) -> int:
+    """The training task whose first picture a control=fixed_image run with ``seed`` (conf/train.yaml's
+    ``seed``) shows everywhere: the first task of ``TaskSampler(seed + 1, spec.is_eval_seed)``, a training task
+    drawn apart from the run's own stream. The training backends and scripts/eval.py use this, so an adapter of
+    a control run is evaluated on the picture it trained on."""
+    from rlkit.tasks import TaskSampler
+
+    return TaskSampler(int(seed) + 1, spec.is_eval_seed).sample(1)[0]
+
+
 def shuffle_rewards(rewards: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A random permutation of ``rewards`` [N] across the whole batch (``torch.randperm`` drawn from
     ``generator``): the control=shuffled_reward run's rewards, from which advantages are computed.

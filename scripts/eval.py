@@ -60,6 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def eval_env_spec(cfg):
+    """The env the run evaluated on: ``cfg.env``, and for a control=fixed_image run (its recorded config) the
+    same env showing the one picture it trained on (rlkit.controls), as its own evaluations did."""
+    from rlkit.serve.config import instantiate_env
+
+    env_spec = instantiate_env(cfg)
+    if cfg.get("control") == "fixed_image":
+        from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
+
+        env_spec = FixedImageEnvSpec(env_spec, fixed_image_seed(cfg.seed, env_spec))
+        print(f"[rlkit] control=fixed_image (from the run's config): every image shown is task "
+              f"{env_spec.image_seed}'s first observation; control=null evaluates on the real pictures")
+    return env_spec
+
+
 def load_eval_policy(policy_cfg: dict, adapter, base: str | None, allow_base_mismatch: bool = False):
     """The policy as the training loop evaluates it: base + LoRA (the adapter's r, alpha, targets)
     with the adapter loaded in place; or the plain base when ``adapter`` is None.
@@ -100,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.policy import PolicyLoadError, SamplingParams, make_engine
     from rlkit.config import stop_strings
     from rlkit.run import ConfigError
-    from rlkit.serve.config import ConfigComposeError, compose, instantiate_env, node
+    from rlkit.serve.config import ConfigComposeError, compose, node
     from rlkit.serve.models import AdapterError, parse_adapter_arg
 
     try:
         adapter = parse_adapter_arg(args.adapter) if args.adapter else None
         cfg = compose(args.overrides, run_dir=adapter.run_dir if adapter else None)
-        env_spec = instantiate_env(cfg)
+        env_spec = eval_env_spec(cfg)
         policy = load_eval_policy(node(cfg, "policy"), adapter, args.base, args.allow_base_mismatch)
     except (AdapterError, ConfigComposeError, ConfigError, PolicyLoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

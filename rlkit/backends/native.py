@@ -34,7 +34,7 @@ from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
 from rlkit.rollout import rollout, rollout_stats
 from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
-from rlkit.tasks import SolvedTaskFilter, TaskSampler, training_sampler
+from rlkit.tasks import SolvedTaskFilter, training_sampler
 from rlkit.update import grpo_update, make_scheduler, mask_unexecuted
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,9 @@ class NativeRun:
         # wrap their own envs with it (RolloutSpec.fixed_image_seed).
         self.fixed_image_seed: int | None = None
         if cfg.get("control") == "fixed_image":
-            self.fixed_image_seed = TaskSampler(cfg.seed + 1, self.env_spec.is_eval_seed).sample(1)[0]
+            from rlkit.controls import fixed_image_seed
+
+            self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
         self._build_policy(base_path)
         self._check_answer_fits(getattr(self.policy, "tokenizer", None) or base_path or cfg.policy.get("path"))
         if self.fixed_image_seed is not None:

@@ -1,4 +1,4 @@
-"""scripts/eval.py --twins: success on the evaluation mazes' turned and mirrored twins, per failed maze."""
+"""scripts/eval.py: the twins of the evaluation mazes (--twins), and a control run evaluated as its run did."""
 
 from __future__ import annotations
 
@@ -46,3 +46,21 @@ def test_twins_need_a_maze_env(capsys):
 
     assert load_eval_script().eval_twins(NotAMaze(), None, None, [], 100, 8) == 2
     assert "--twins needs a VisGym maze env" in capsys.readouterr().err
+
+
+def test_a_fixed_image_control_run_is_evaluated_on_its_picture(capsys):
+    """eval.py on a control=fixed_image run shows the picture the run trained and evaluated on (rlkit.controls)."""
+    from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
+    from rlkit.serve.config import compose
+
+    script = load_eval_script()
+    plain = script.eval_env_spec(compose(["seed=3"]))
+    assert not isinstance(plain, FixedImageEnvSpec)
+    blind = script.eval_env_spec(compose(["seed=3", "control=fixed_image"]))
+    assert isinstance(blind, FixedImageEnvSpec)
+    seed = fixed_image_seed(3, plain)
+    assert blind.image_seed == seed and not plain.is_eval_seed(seed)
+    assert seed != fixed_image_seed(4, plain)  # drawn from the run's seed
+    first = blind.make().reset(blind.eval_seeds()[0])
+    assert first.images[0].tobytes() == plain.make().reset(seed).images[0].tobytes()
+    assert f"task {seed}'s first observation" in capsys.readouterr().out
