@@ -18,8 +18,8 @@ from omegaconf import MISSING
 #: Config keys added after checkpoints already existed, each with the value that does what runs did before the
 #: key existed. A checkpoint's config without the key reads as that value on resume, so a run checkpointed by an
 #: older rlkit still resumes when the new key keeps its default (and is refused when it does not). A new key
-#: whose default keeps the old behaviour belongs here. The warm-start cache keys (``rlkit.sft.sft_cache_key``) and the
-#: evaluation script's env check (``rlkit.serve.config``) read the env keys here the same way.
+#: whose default keeps the old behaviour belongs here. The warm-start cache keys (``rlkit.sft.sft_cache_key``) and
+#: the evaluation script's env check (``rlkit.serve.config``) read the env keys here the same way.
 KEYS_ADDED_LATER: dict[str, Any] = {
     "algorithm.mask_unexecuted": False,  # session 15
     "sft.grounding_mix": 0,  # session 15
@@ -29,7 +29,6 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.stages": [],  # session 20
     "env.holdout": "layout",  # session 22
 }
-
 
 
 @dataclass

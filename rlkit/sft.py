@@ -52,7 +52,8 @@ _IGNORED_POLICY_KEYS = ("cache_dir", "lora")
 
 
 #: Env keys added after warm-start caches existed, with the value that draws what builds drew before the key.
-_ENV_KEYS_ADDED_LATER: dict[str, Any] = {k[len("env."):]: v for k, v in KEYS_ADDED_LATER.items() if k.startswith("env.")}
+_ENV_KEYS_ADDED_LATER: dict[str, Any] = {k[len("env."):]: v for k, v in KEYS_ADDED_LATER.items()
+                                         if k.startswith("env.")}
 
 
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from envs.visgym import LOOP_TASKS, EVAL_SETS, MazeEpisode, VisGymMaze, dihedral_keys, generate_maze, layout_key, solve_moves
+from envs.visgym import (EVAL_SETS, LOOP_TASKS, MazeEpisode, VisGymMaze, dihedral_keys, generate_maze, layout_key,
+                         solve_moves)
 from envs.visgym.upstream import upstream_installed
 from rlkit.tasks import TaskSampler
 from rlkit.types import EpisodeEnv, StepOutput
