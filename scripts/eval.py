@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a tiny model ran ~20x slower with torch's default pool on a shared 2-core machine)")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
     p.add_argument("--twins", action="store_true",
-                   help="also evaluate the turned and mirrored images of the evaluation mazes that a training seed "
+                   help="also evaluate the turned and mirrored images of the evaluation mazes that a seed "
                         "below --twin-seed-limit draws (VisGym; envs/visgym/maze.py dihedral_keys): does a failed "
                         "maze fail in every orientation, or only in the one held out?")
     p.add_argument("--twin-seed-limit", type=int, default=6000,
@@ -168,9 +168,11 @@ def eval_twins(env_spec, policy, sampling, per_task: list[dict], seed_limit: int
     _, twin_tasks, _ = evaluate(env_spec, policy, make_engine(policy), seeds, sampling, policy_version=0,
                                 batch_size=batch_size)
     solved = {r["seed"]: bool(r["success"]) for r in twin_tasks}
-    print(f"[rlkit] twins (turned or mirrored evaluation mazes, drawn by training seeds < {seed_limit}): "
+    trained = sum(not env_spec.is_eval_seed(t) for t in seeds)  # all under env.holdout=layout, none under dihedral
+    print(f"[rlkit] twins (turned or mirrored evaluation mazes, drawn by seeds < {seed_limit}): "
           f"{sum(solved.values()) / len(solved):.1%} ({sum(solved.values())}/{len(solved)}) of "
-          f"the twins of {sum(1 for tw in by_eval.values() if tw)} evaluation mazes")
+          f"the twins of {sum(1 for tw in by_eval.values() if tw)} evaluation mazes; {trained} of them are training "
+          f"tasks (env.holdout={getattr(env_spec, 'holdout', '?')})")
     for r in per_task:
         if not r["success"] and by_eval.get(r["seed"]):
             tw = by_eval[r["seed"]]

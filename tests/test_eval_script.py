@@ -34,10 +34,25 @@ def test_twins_are_reported_beside_each_failed_eval_maze(monkeypatch, capsys):
     per_task = [{"seed": s, "success": s not in (s0, s1)} for s in env.eval_seeds()]
     assert load_eval_script().eval_twins(env, None, None, per_task, 6000, 64) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "99.4% (342/344) of the twins of 64 evaluation mazes" in out[0]
+    assert "99.4% (342/344) of the twins of 64 evaluation mazes; 344 of them are training tasks (env.holdout=layout)" \
+        in out[0]
     n0, n1 = len(by_eval[s0]), len(by_eval[s1])
     assert out[1:] == [f"  failed evaluation maze {s0}: its twins solved {n0 - 2}/{n0}",
                        f"  failed evaluation maze {s1}: its twins solved {n1}/{n1}"]
+
+
+def test_twins_held_out_by_the_dihedral_holdout_are_not_counted_as_trained(monkeypatch, capsys):
+    import rlkit.evaluation
+    import rlkit.policy
+
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17, holdout="dihedral")
+    monkeypatch.setattr(rlkit.evaluation, "evaluate", lambda env_spec, policy, engine, seeds, *a, **k:
+                        ({}, [{"seed": s, "success": False} for s in seeds], None))
+    monkeypatch.setattr(rlkit.policy, "make_engine", lambda policy: None)
+    per_task = [{"seed": s, "success": True} for s in env.eval_seeds()]
+    assert load_eval_script().eval_twins(env, None, None, per_task, 6000, 64) == 0
+    assert "0.0% (0/344) of the twins of 64 evaluation mazes; 0 of them are training tasks (env.holdout=dihedral)" \
+        in capsys.readouterr().out
 
 
 def test_twins_need_a_maze_env(capsys):
