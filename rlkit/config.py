@@ -28,6 +28,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.lr_schedule": "constant",  # session 20
     "sft.stages": [],  # session 20
     "env.holdout": "layout",  # session 22
+    "sft.start_from_env": None,  # session 23
 }
 
 
@@ -208,6 +209,13 @@ class SFTConfig:
     # checkpoint with a fresh AdamW and cached on its own (keyed as the job that starts from that checkpoint
     # through policy.path would key it). [] = one stage.
     stages: list[Any] = field(default_factory=list)
+    # A curriculum over envs (e.g. maze sizes): the name of another env config (conf/env/<name>.yaml) whose warm
+    # start, as `python train.py env=<name>` builds it with this job's policy (that env's grounding stage, recipe
+    # and image size included), is built or reused first; this env's warm start then starts from it instead of
+    # from this env's grounding stage (which is skipped), as a job with policy.path=<that warm start> would, with
+    # the image size of this env (policy.tiny.image_max_pixels). null = off. On 9x9 from the 7x7 default's warm
+    # start: session 23, docs/experiments.md; conf/experiment/tiny_9x9_curriculum.yaml.
+    start_from_env: str | None = None
 
 
 @dataclass
@@ -462,7 +470,7 @@ def check_ranges(cfg: Any) -> list[str]:
 
 
 #: sft keys a later warm-start stage (sft.stages) may not set: whether there is a warm start, and its stages.
-SFT_STAGE_FIXED = ("enabled", "stages")
+SFT_STAGE_FIXED = ("enabled", "stages", "start_from_env")
 
 
 def check_sft_stage(cfg: Any, index: int, stage: Any) -> list[str]:

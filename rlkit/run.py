@@ -36,6 +36,30 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
 
 
+def compose_train(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml composed with these overrides, without the ``hydra`` node (as ``train.py`` composes it).
+
+    Inside a running job (Hydra already initialised by ``train.py``) it composes through that job's config
+    search path; elsewhere (tests, scripts) from this checkout's conf/. Keys that interpolate ``${hydra:...}``
+    (``paths.*``) resolve only inside a job: set them before reading them elsewhere.
+
+    Raises: ConfigError naming the overrides, with Hydra's message (an unknown group option, key or value).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import rlkit.config  # noqa: F401  (registers the schema)
+
+    try:
+        if GlobalHydra.instance().is_initialized():
+            return compose(config_name="train", overrides=list(overrides))
+        conf = Path(__file__).resolve().parents[1] / "conf"
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose(config_name="train", overrides=list(overrides))
+    except Exception as e:  # hydra raises ConfigCompositionException, OverrideParseException, MissingConfigException
+        raise ConfigError(f"config overrides {list(overrides)} do not compose: {e}") from e
+
+
 def instantiate_reward(node: Any) -> Any:
     """The guarded reward of a ``conf/reward/*.yaml`` node: the plug-in built from the node without
     its guard keys (``timeout_s``, ``on_error``), wrapped in rlkit.reward_guard.GuardedReward.

@@ -85,7 +85,8 @@ def test_every_typed_field_has_a_rule():
             "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",
             "rollout.reuse_kv_cache", "rollout.stop",  # stop: SamplingParams.validate (non-empty strings)
             "grounding.enabled", "grounding.curriculum",
-            "sft.stages"}  # each stage: rlkit.config.check_sft_stage (its keys, and the sft.* rules over its values)
+            "sft.stages",  # each stage: rlkit.config.check_sft_stage (its keys, and the sft.* rules over its values)
+            "sft.start_from_env"}  # an env config's name: NativeRun._validate
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
                         ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig)]:
         for f in fields(cls):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlkit import checkpoint as ckpt
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
@@ -218,6 +218,16 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
+        name = self.sft_cfg.start_from_env
+        if name and self.sft_cfg.enabled:
+            options = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "env").glob("*.yaml"))
+            if options and name not in options:
+                problems.append(f"sft.start_from_env={name!r} is not an env config: use one of {', '.join(options)}, "
+                                "or null")
+            if cfg.policy.get("path") is not None:
+                problems.append(f"sft.start_from_env={name} starts the warm start from env={name}'s warm start of "
+                                f"policy.tiny, but policy.path={cfg.policy.path} names a checkpoint to start from: "
+                                "drop one of them")
         k = self.algo.screening_samples
         if k == 1 or k >= max(cfg.group_size, 2):
             problems.append(f"algorithm.screening_samples={k}: screening needs 2 <= screening_samples < group_size="
@@ -316,38 +326,100 @@ class NativeRun:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
 
         With grounding.enabled, a tiny policy is first visually grounded (``_grounded_base``) and SFT
-        starts from that. With ``sft.stages``, each later stage then continues from the previous one's
-        checkpoint (rlkit.sft.sft_stage_configs); the last stage's checkpoint is the warm start.
+        starts from that. With ``sft.start_from_env``, it starts instead from another env's warm start
+        (``_env_warm_start``), keyed as the job ``policy.path=<that warm start> ~policy.tiny
+        policy.image_max_pixels=<this env's>`` keys its own. With ``sft.stages``, each later stage then
+        continues from the previous one's checkpoint (rlkit.sft.sft_stage_configs); the last stage's
+        checkpoint is the warm start.
         """
         from rlkit.sft import sft_cache_key, sft_stage_config, sft_stage_configs
 
         cfg = self.cfg
-        grounded = self._grounded_base()
         stages = sft_stage_configs(cfg.sft)
-        # A warm start from a grounded base also depends on how that base was grounded.
         sft_key = sft_stage_config(cfg.sft)
-        stage_key = sft_key if grounded is None else {"sft": sft_key,
-                                                      "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
         # the greedy validation that decides where the stage stops decodes with these
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
-        key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
-        out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, grounded, self.sft_cfg,
-                                  make_engine, SamplingParams, label="" if len(stages) == 1 else f" stage 1/{len(stages)}")
+        label = "" if len(stages) == 1 else f" stage 1/{len(stages)}"
+        if self.sft_cfg.start_from_env:
+            start = self._env_warm_start(self.sft_cfg.start_from_env, load_policy, make_engine, SamplingParams)
+            if self.grounding_cfg.enabled:
+                self.progress.say(f"grounding: not run on this env; the warm start starts from "
+                                  f"env={self.sft_cfg.start_from_env}'s, grounded there (sft.start_from_env)")
+            policy = self._chained_policy(start)
+            key = sft_cache_key(sft_key, cfg.env, policy, decoding)
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, start, self.sft_cfg, make_engine,
+                                      SamplingParams, label=label, policy_cfg=policy)
+        else:
+            grounded = self._grounded_base()
+            # A warm start from a grounded base also depends on how that base was grounded.
+            stage_key = sft_key if grounded is None else {
+                "sft": sft_key, "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
+            key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, grounded, self.sft_cfg,
+                                      make_engine, SamplingParams, label=label)
         for i, stage in enumerate(stages[1:], start=2):
             # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
-            policy = OmegaConf.to_container(cfg.policy, resolve=True)
-            policy.pop("tiny", None)
-            policy["path"] = str(out_dir)
+            policy = self._chained_policy(out_dir)
             key = sft_cache_key(sft_stage_config(stage), cfg.env, policy, decoding)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, str(out_dir),
                                       SFTConfig(**stage), make_engine, SamplingParams,
-                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])")
+                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])",
+                                      policy_cfg=policy if self.sft_cfg.start_from_env else None)
         return str(out_dir)
 
+    def _chained_policy(self, path: str | Path) -> dict[str, Any]:
+        """The policy config of a job that starts from the checkpoint at ``path`` (``policy.path=<path>
+        ~policy.tiny``), as a warm-start stage from it is keyed and loaded. Under ``sft.start_from_env`` it
+        also sets ``image_max_pixels`` to this env's (``policy.tiny.image_max_pixels``): the checkpoint of
+        the other env's build carries that env's image size."""
+        policy = OmegaConf.to_container(self.cfg.policy, resolve=True)
+        tiny = policy.pop("tiny", None) or {}
+        policy["path"] = str(path)
+        if self.sft_cfg.start_from_env and policy.get("image_max_pixels") is None:
+            policy["image_max_pixels"] = tiny.get("image_max_pixels")
+        return policy
+
+    def _env_warm_start(self, name: str, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
+        """Path of the warm start that ``python train.py env=<name>`` builds with this job's policy
+        (``sft.start_from_env``): that env's config, recipe, grounding stage and image size
+        (conf/image_grid/), this job's ``policy`` otherwise. Built when missing, cached as that job caches it.
+
+        Raises: ConfigError when ``name`` is this job's env, or that job has no warm start (sft.enabled=false)
+        or starts from yet another env.
+        """
+        from rlkit.config import stop_strings
+        from rlkit.run import compose_train
+
+        cfg = self.cfg
+        other = compose_train([f"env={name}"])  # a name that is not an env config was refused in _validate
+        if OmegaConf.to_container(other.env, resolve=True) == OmegaConf.to_container(cfg.env, resolve=True):
+            raise ConfigError(f"sft.start_from_env={name} is this job's env: a warm start cannot start from "
+                              "itself; name another env (e.g. a smaller maze), or null")
+        if not other.sft.enabled or other.sft.get("start_from_env"):
+            raise ConfigError(f"sft.start_from_env={name}: the job env={name} has no warm start of its own to start "
+                              "from (sft.enabled=false or its own sft.start_from_env); name another env, or null")
+        policy = OmegaConf.to_container(cfg.policy, resolve=True)
+        if policy.get("tiny") and OmegaConf.select(other, "policy.tiny") is not None:
+            for k in ("image_min_pixels", "image_max_pixels"):  # that env's image size (conf/image_grid/)
+                policy["tiny"][k] = other.policy.tiny[k]
+        with open_dict(other):
+            other.policy = policy
+            other.paths.output_dir = str(self.out)
+            other.paths.cache_dir = str(cfg.paths.cache_dir)
+            other.trainer.quiet = self.trainer.quiet
+        run = NativeRun(other)
+        run.progress = self.progress
+        run.env_spec = instantiate_plugin(other.env, "env")
+        run.stop = stop_strings(run.rollout_cfg, run.env_spec)
+        run.eval_seeds = run.env_spec.eval_seeds()
+        self.progress.say(f"SFT warm start: first the warm start of env={name} (sft.start_from_env)")
+        return run._warm_start(load_policy, make_engine, SamplingParams)
+
     def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,
-                   SamplingParams: Any, label: str = "") -> Path:
+                   SamplingParams: Any, label: str = "", policy_cfg: dict[str, Any] | None = None) -> Path:
         """Build one warm-start stage into ``out_dir`` from ``base_path`` (None: the policy config's own
-        weights), or reuse it when its summary is there; under a file lock, saved atomically."""
+        weights), or reuse it when its summary is there; under a file lock, saved atomically.
+        ``policy_cfg``: the policy config to load it with (None: ``cfg.policy``)."""
         from rlkit.sft import train_sft
 
         cfg = self.cfg
@@ -357,7 +429,8 @@ class NativeRun:
                 summary = json.loads((out_dir / "sft_summary.json").read_text())
                 self.progress.say(f"SFT warm start{label}: reusing {out_dir} (val success {summary['val_success']:.1%})")
                 return out_dir
-            base = instantiate_plugin(cfg.policy, "policy", base_path=base_path, train_mode="full")
+            policy = cfg.policy if policy_cfg is None else OmegaConf.create(policy_cfg)
+            base = instantiate_plugin(policy, "policy", base_path=base_path, train_mode="full")
             self._check_answer_fits(base.tokenizer)  # before minutes of supervised learning towards cut answers
             self.progress.say(f"SFT warm start{label}: building {out_dir} (cached for later runs)")
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)

@@ -1,0 +1,75 @@
+"""sft.start_from_env: a curriculum over envs. The warm start of another env (as that env's own job builds
+it) is built or reused first, and this env's warm start trains on from it at this env's image size, keyed as
+the chained job `policy.path=<that warm start> ~policy.tiny policy.image_max_pixels=<this env's>` keys it."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+import rlkit.run
+from rlkit.backends.native import NativeRun
+from rlkit.config import stop_strings
+from rlkit.policy import SamplingParams, load_policy, make_engine
+from rlkit.run import ConfigError, compose_train, instantiate_plugin
+
+
+def _cfg(tmp_path, *overrides):
+    cfg = compose_train(["experiment=smoke", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "run")
+        cfg.paths.cache_dir = str(tmp_path / "cache")
+        cfg.policy.cache_dir = str(tmp_path / "cache" / "tiny_vl")
+    return cfg
+
+
+def _warm_start(cfg):
+    run = NativeRun(cfg)
+    run._validate()
+    run.env_spec = instantiate_plugin(cfg.env, "env")
+    run.stop = stop_strings(run.rollout_cfg, run.env_spec)
+    run.eval_seeds = run.env_spec.eval_seeds()
+    return run._warm_start(load_policy, make_engine, SamplingParams)
+
+
+def _longest_edge(ckpt):
+    return json.loads((Path(ckpt) / "processor_config.json").read_text())["image_processor"]["size"]["longest_edge"]
+
+
+def test_the_warm_start_starts_from_the_other_envs_build_and_keys_as_the_chained_job(tmp_path, monkeypatch):
+    # the other env's job is the smoke's 7x7 one here (its own job composes env=visgym_small alone: ~6 minutes)
+    small = ["env=visgym_small"]
+    monkeypatch.setattr(rlkit.run, "compose_train", lambda overrides: _cfg(tmp_path, *small)
+                        if list(overrides) == small else pytest.fail(f"composed {overrides}"))
+    ws = _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_small"))
+    first = _warm_start(_cfg(tmp_path, *small))  # the 7x7 job reuses the build the curriculum made
+    assert Path(first, "sft_summary.json").is_file() and Path(ws) != Path(first)
+    assert len(list((tmp_path / "cache" / "grounding").glob("*/grounding_summary.json"))) == 1  # 7x7's only
+    assert _longest_edge(first) == 3136  # 7x7: 56x56 px (conf/image_grid/tiny_vl_visgym_small.yaml)
+    assert _longest_edge(ws) == 5184  # 9x9: 72x72 px, one image token per cell
+    history = json.loads(Path(ws, "sft_summary.json").read_text())["history"]
+    assert [h["step"] for h in history] == [2]  # the smoke's 2 steps, trained on 9x9
+    chained = _warm_start(_cfg(tmp_path, "env=visgym", f"policy.path={first}", "~policy.tiny",
+                               "policy.image_max_pixels=5184"))
+    assert chained == ws  # reused, not trained again
+
+
+def test_start_from_env_is_refused_before_any_work_when_it_cannot_apply(tmp_path):
+    with pytest.raises(ConfigError, match=r"sft.start_from_env='visgym_tiny' is not an env config: use one of "
+                                          r".*visgym_small"):
+        _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_tiny"))
+    with pytest.raises(ConfigError, match="names a checkpoint to start from: drop one of them"):
+        _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_small", "policy.path=/nowhere"))
+    with pytest.raises(ConfigError, match="is this job's env: a warm start cannot start from itself"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_env=visgym_small"))
+    assert not (tmp_path / "cache" / "sft").exists()
+
+
+def test_start_from_env_leaves_the_stage_key_as_before():
+    from rlkit.config import SFTConfig
+    from rlkit.sft import sft_stage_config
+
+    off = OmegaConf.structured(SFTConfig)
+    on = OmegaConf.merge(off, {"start_from_env": "visgym_small"})
+    assert sft_stage_config(on) == sft_stage_config(off) and "start_from_env" not in sft_stage_config(off)
