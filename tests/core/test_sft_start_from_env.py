@@ -43,8 +43,11 @@ def test_the_warm_start_starts_from_the_other_envs_build_and_keys_as_the_chained
     monkeypatch.setattr(rlkit.run, "compose_train", lambda overrides: _cfg(tmp_path, *small)
                         if list(overrides) == small else pytest.fail(f"composed {overrides}"))
     ws = _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_small"))
+    built = sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))
+    assert len(built) == 2  # the 7x7 warm start and the 9x9 stage on it
     first = _warm_start(_cfg(tmp_path, *small))  # the 7x7 job reuses the build the curriculum made
-    assert Path(first, "sft_summary.json").is_file() and Path(ws) != Path(first)
+    assert sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json")) == built
+    assert Path(first, "sft_summary.json") in built and Path(ws) != Path(first)
     assert len(list((tmp_path / "cache" / "grounding").glob("*/grounding_summary.json"))) == 1  # 7x7's only
     assert _longest_edge(first) == 3136  # 7x7: 56x56 px (conf/image_grid/tiny_vl_visgym_small.yaml)
     assert _longest_edge(ws) == 5184  # 9x9: 72x72 px, one image token per cell
