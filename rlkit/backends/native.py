@@ -363,8 +363,7 @@ class NativeRun:
             key = sft_cache_key(sft_stage_config(stage), cfg.env, policy, decoding)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, str(out_dir),
                                       SFTConfig(**stage), make_engine, SamplingParams,
-                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])",
-                                      policy_cfg=policy if self.sft_cfg.start_from_env else None)
+                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])", policy_cfg=policy)
         return str(out_dir)
 
     def _chained_policy(self, path: str | Path) -> dict[str, Any]:
