@@ -29,6 +29,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.stages": [],  # session 20
     "env.holdout": "layout",  # session 22
     "sft.start_from_env": None,  # session 23
+    "sft.start_from_experiment": None,  # session 24
 }
 
 
@@ -216,6 +217,12 @@ class SFTConfig:
     # the image size of this env (policy.tiny.image_max_pixels). null = off. On 9x9 from the 7x7 default's warm
     # start: session 23, docs/experiments.md; conf/experiment/tiny_9x9_curriculum.yaml.
     start_from_env: str | None = None
+    # The same from another experiment's warm start: the name of an experiment config (conf/experiment/<name>.yaml)
+    # whose warm start, as `python train.py experiment=<name>` builds it (that job's whole config, its policy and
+    # its own sft.start_from_* included), is built or reused first; this job's warm start trains on from it at this
+    # env's image size. At most one of start_from_env / start_from_experiment. null = off. 7x7 from the 9x9
+    # curriculum's warm start: session 24, docs/experiments.md; conf/experiment/tiny_7x7_from_9x9.yaml.
+    start_from_experiment: str | None = None
 
 
 @dataclass
@@ -470,7 +477,7 @@ def check_ranges(cfg: Any) -> list[str]:
 
 
 #: sft keys a later warm-start stage (sft.stages) may not set: whether there is a warm start, and its stages.
-SFT_STAGE_FIXED = ("enabled", "stages", "start_from_env")
+SFT_STAGE_FIXED = ("enabled", "stages", "start_from_env", "start_from_experiment")
 
 
 def check_sft_stage(cfg: Any, index: int, stage: Any) -> list[str]:

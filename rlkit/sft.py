@@ -96,15 +96,17 @@ def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
     """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when it is
     0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
     the keys existed, so those caches stay valid), and without ``stages`` (``sft_stage_configs``) or
-    ``start_from_env`` (the stage is keyed by the warm start it starts from, through the policy config)."""
+    ``start_from_env`` / ``start_from_experiment`` (the stage is keyed by the warm start it starts from, through
+    the policy config)."""
     plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
     if not plain.get("grounding_mix"):
         plain.pop("grounding_mix", None)
     if plain.get("lr_schedule", "constant") == "constant":
         plain.pop("lr_schedule", None)
     plain.pop("stages", None)  # each later stage is keyed on its own, by its predecessor's checkpoint
-    # with start_from_env the first stage is keyed by the other env's warm start, as policy.path keys it
+    # with start_from_* the first stage is keyed by the other job's warm start, as policy.path keys it
     plain.pop("start_from_env", None)
+    plain.pop("start_from_experiment", None)
     return plain
 
 

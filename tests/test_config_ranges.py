@@ -86,7 +86,7 @@ def test_every_typed_field_has_a_rule():
             "rollout.reuse_kv_cache", "rollout.stop",  # stop: SamplingParams.validate (non-empty strings)
             "grounding.enabled", "grounding.curriculum",
             "sft.stages",  # each stage: rlkit.config.check_sft_stage (its keys, and the sft.* rules over its values)
-            "sft.start_from_env"}  # an env config's name: NativeRun._validate
+            "sft.start_from_env", "sft.start_from_experiment"}  # a config's name: NativeRun._validate
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
                         ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig)]:
         for f in fields(cls):

@@ -98,6 +98,8 @@ class NativeRun:
         self.ckpt_root = self.out / "checkpoints"
         self.metrics_file = MetricsFile(self.out / "metrics.jsonl")
         self.progress = Progress(quiet=self.trainer.quiet)
+        # the start_from jobs (sft.start_from_*) whose warm starts this one's builds on, outermost first
+        self._start_chain: list[str] = []
         # (informative, sampled) groups of the last dynamic-sampling step: sizes the next adaptive round
         self.informative_counts: tuple[int, int] = (1, 1)
 
@@ -218,14 +220,21 @@ class NativeRun:
                             "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
                             "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                             "policy.lora.rank")
-        name = self.sft_cfg.start_from_env
-        if name and self.sft_cfg.enabled:
-            options = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "env").glob("*.yaml"))
-            if options and name not in options:
-                problems.append(f"sft.start_from_env={name!r} is not an env config: use one of {', '.join(options)}, "
-                                "or null")
+        env_name, exp_name = self.sft_cfg.start_from_env, self.sft_cfg.start_from_experiment
+        if self.sft_cfg.enabled and (env_name or exp_name):
+            conf = Path(__file__).resolve().parents[2] / "conf"
+            for key, name, group in (("start_from_env", env_name, "env"), ("start_from_experiment", exp_name,
+                                                                           "experiment")):
+                options = sorted(p.stem for p in (conf / group).glob("*.yaml"))
+                if name and options and name not in options:
+                    problems.append(f"sft.{key}={name!r} is not an {group} config: use one of {', '.join(options)}, "
+                                    "or null")
+            if env_name and exp_name:
+                problems.append(f"sft.start_from_env={env_name} and sft.start_from_experiment={exp_name} both name a "
+                                "warm start to start from: set one of them, the other null")
             if cfg.policy.get("path") is not None:
-                problems.append(f"sft.start_from_env={name} starts the warm start from env={name}'s warm start of "
+                key, name = ("start_from_env", env_name) if env_name else ("start_from_experiment", exp_name)
+                problems.append(f"sft.{key}={name} starts the warm start from another job's warm start of "
                                 f"policy.tiny, but policy.path={cfg.policy.path} names a checkpoint to start from: "
                                 "drop one of them")
         k = self.algo.screening_samples
@@ -340,11 +349,12 @@ class NativeRun:
         # the greedy validation that decides where the stage stops decodes with these
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
         label = "" if len(stages) == 1 else f" stage 1/{len(stages)}"
-        if self.sft_cfg.start_from_env:
-            start = self._env_warm_start(self.sft_cfg.start_from_env, load_policy, make_engine, SamplingParams)
+        source = self._start_from()
+        if source:
+            start = self._other_warm_start(source, load_policy, make_engine, SamplingParams)
             if self.grounding_cfg.enabled:
-                self.progress.say(f"grounding: not run on this env; the warm start starts from "
-                                  f"env={self.sft_cfg.start_from_env}'s, grounded there (sft.start_from_env)")
+                self.progress.say(f"grounding: not run on this env; the warm start starts from the warm start of "
+                                  f"{source} (sft.start_from_{source.split('=')[0]})")
             policy = self._chained_policy(start)
             key = sft_cache_key(sft_key, cfg.env, policy, decoding)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, start, self.sft_cfg, make_engine,
@@ -368,50 +378,73 @@ class NativeRun:
 
     def _chained_policy(self, path: str | Path) -> dict[str, Any]:
         """The policy config of a job that starts from the checkpoint at ``path`` (``policy.path=<path>
-        ~policy.tiny``), as a warm-start stage from it is keyed and loaded. Under ``sft.start_from_env`` it
-        also sets ``image_max_pixels`` to this env's (``policy.tiny.image_max_pixels``): the checkpoint of
-        the other env's build carries that env's image size."""
+        ~policy.tiny``), as a warm-start stage from it is keyed and loaded. Under ``sft.start_from_env`` /
+        ``sft.start_from_experiment`` it also sets ``image_max_pixels`` to this env's
+        (``policy.tiny.image_max_pixels``): the checkpoint of the other job's build carries that job's image size."""
         policy = OmegaConf.to_container(self.cfg.policy, resolve=True)
         tiny = policy.pop("tiny", None) or {}
         policy["path"] = str(path)
-        if self.sft_cfg.start_from_env and policy.get("image_max_pixels") is None:
+        if self._start_from() and policy.get("image_max_pixels") is None:
             policy["image_max_pixels"] = tiny.get("image_max_pixels")
         return policy
 
-    def _env_warm_start(self, name: str, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
-        """Path of the warm start that ``python train.py env=<name>`` builds with this job's policy
-        (``sft.start_from_env``): that env's config, recipe, grounding stage and image size
-        (conf/image_grid/), this job's ``policy`` otherwise. Built when missing, cached as that job caches it.
+    def _start_from(self) -> str | None:
+        """The override naming the job whose warm start this one starts from (``env=<name>`` for
+        ``sft.start_from_env``, ``experiment=<name>`` for ``sft.start_from_experiment``), or None."""
+        if self.sft_cfg.start_from_env:
+            return f"env={self.sft_cfg.start_from_env}"
+        if self.sft_cfg.start_from_experiment:
+            return f"experiment={self.sft_cfg.start_from_experiment}"
+        return None
 
-        Raises: ConfigError when ``name`` is this job's env, or that job has no warm start (sft.enabled=false)
-        or starts from yet another env.
+    def _other_warm_start(self, source: str, load_policy: Any, make_engine: Any, SamplingParams: Any) -> str:
+        """Path of the warm start that ``python train.py <source>`` builds; built when missing, cached as that
+        job caches it. ``env=<name>`` (``sft.start_from_env``): that env's config, recipe, grounding stage and
+        image size (conf/image_grid/), this job's ``policy`` otherwise. ``experiment=<name>``
+        (``sft.start_from_experiment``): that job's whole config, its policy included. That job may start from
+        yet another one's warm start (a chain such as 7x7 -> 9x9 -> 7x7); the chain may not come back to a job
+        in it.
+
+        Raises: ConfigError when ``source`` is this job's env, that job has no warm start (sft.enabled=false),
+        or the chain of start_from jobs comes back to one already in it.
         """
         from rlkit.config import stop_strings
         from rlkit.run import compose_train
 
         cfg = self.cfg
-        other = compose_train([f"env={name}"])  # a name that is not an env config was refused in _validate
-        if OmegaConf.to_container(other.env, resolve=True) == OmegaConf.to_container(cfg.env, resolve=True):
+        chain = [*self._start_chain, source]
+        if source in self._start_chain:
+            raise ConfigError(f"sft.start_from_*: the warm starts chain {' -> '.join(chain)} comes back to "
+                              f"{source}, whose warm start would have to start from itself; end the chain at a job "
+                              "with sft.start_from_env and sft.start_from_experiment null")
+        group, name = source.split("=", 1)
+        other = compose_train([source])  # a name that is not a config was refused in _validate
+        if group == "env" and (OmegaConf.to_container(other.env, resolve=True)
+                               == OmegaConf.to_container(cfg.env, resolve=True)):
             raise ConfigError(f"sft.start_from_env={name} is this job's env: a warm start cannot start from "
                               "itself; name another env (e.g. a smaller maze), or null")
-        if not other.sft.enabled or other.sft.get("start_from_env"):
-            raise ConfigError(f"sft.start_from_env={name}: the job env={name} has no warm start of its own to start "
-                              "from (sft.enabled=false or its own sft.start_from_env); name another env, or null")
-        policy = OmegaConf.to_container(cfg.policy, resolve=True)
-        if policy.get("tiny") and OmegaConf.select(other, "policy.tiny") is not None:
-            for k in ("image_min_pixels", "image_max_pixels"):  # that env's image size (conf/image_grid/)
-                policy["tiny"][k] = other.policy.tiny[k]
+        if not other.sft.enabled:
+            raise ConfigError(f"sft.start_from_{group}={name}: the job {source} has no warm start to start from "
+                              "(its sft.enabled=false); name another one, or null")
+        if group == "env":  # this job's policy at that env's image size
+            policy = OmegaConf.to_container(cfg.policy, resolve=True)
+            if policy.get("tiny") and OmegaConf.select(other, "policy.tiny") is not None:
+                for k in ("image_min_pixels", "image_max_pixels"):  # that env's image size (conf/image_grid/)
+                    policy["tiny"][k] = other.policy.tiny[k]
+            with open_dict(other):
+                other.policy = policy
         with open_dict(other):
-            other.policy = policy
             other.paths.output_dir = str(self.out)
             other.paths.cache_dir = str(cfg.paths.cache_dir)
             other.trainer.quiet = self.trainer.quiet
         run = NativeRun(other)
+        run._validate()
+        run._start_chain = chain
         run.progress = self.progress
         run.env_spec = instantiate_plugin(other.env, "env")
         run.stop = stop_strings(run.rollout_cfg, run.env_spec)
         run.eval_seeds = run.env_spec.eval_seeds()
-        self.progress.say(f"SFT warm start: first the warm start of env={name} (sft.start_from_env)")
+        self.progress.say(f"SFT warm start: first the warm start of {source} (sft.start_from_{group})")
         return run._warm_start(load_policy, make_engine, SamplingParams)
 
     def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,

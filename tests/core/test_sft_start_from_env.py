@@ -1,6 +1,7 @@
 """sft.start_from_env: a curriculum over envs. The warm start of another env (as that env's own job builds
 it) is built or reused first, and this env's warm start trains on from it at this env's image size, keyed as
-the chained job `policy.path=<that warm start> ~policy.tiny policy.image_max_pixels=<this env's>` keys it."""
+the chained job `policy.path=<that warm start> ~policy.tiny policy.image_max_pixels=<this env's>` keys it.
+sft.start_from_experiment: the same from an experiment's warm start, whose job may itself start from another's."""
 
 import json
 from pathlib import Path
@@ -69,10 +70,54 @@ def test_start_from_env_is_refused_before_any_work_when_it_cannot_apply(tmp_path
     assert not (tmp_path / "cache" / "sft").exists()
 
 
-def test_start_from_env_leaves_the_stage_key_as_before():
+def test_start_from_leaves_the_stage_key_as_before():
     from rlkit.config import SFTConfig
     from rlkit.sft import sft_stage_config
 
     off = OmegaConf.structured(SFTConfig)
-    on = OmegaConf.merge(off, {"start_from_env": "visgym_small"})
-    assert sft_stage_config(on) == sft_stage_config(off) and "start_from_env" not in sft_stage_config(off)
+    for key, name in (("start_from_env", "visgym_small"), ("start_from_experiment", "tiny_9x9_curriculum")):
+        on = OmegaConf.merge(off, {key: name})
+        assert sft_stage_config(on) == sft_stage_config(off) and key not in sft_stage_config(off)
+
+
+def _composes(tmp_path, monkeypatch, jobs):
+    """compose_train as the running job sees it: ``jobs`` maps an override (e.g. "env=visgym_small") to the
+    smoke-sized overrides its job composes here (the real ones build for minutes to an hour)."""
+    monkeypatch.setattr(rlkit.run, "compose_train", lambda overrides: _cfg(tmp_path, *jobs[overrides[0]])
+                        if len(overrides) == 1 and overrides[0] in jobs else pytest.fail(f"composed {overrides}"))
+
+
+def test_start_from_experiment_builds_the_experiments_chain_then_trains_on_at_this_envs_image_size(
+        tmp_path, monkeypatch):
+    # 7x7 -> 9x9 -> 7x7, as experiment=tiny_7x7_from_9x9: the experiment's job itself starts from env=visgym_small's
+    nine = ["env=visgym", "sft.start_from_env=visgym_small"]
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": nine, "env=visgym_small": ["env=visgym_small"]})
+    ws = _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    built = sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))
+    assert len(built) == 3  # 7x7, 9x9 on it, and this job's 7x7 stage on that
+    assert len(list((tmp_path / "cache" / "grounding").glob("*/grounding_summary.json"))) == 1  # the first 7x7's
+    nine_ws = _warm_start(_cfg(tmp_path, *nine))  # the experiment's own job reuses what the chain built
+    assert sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json")) == built
+    assert Path(nine_ws, "sft_summary.json") in built and Path(ws) != Path(nine_ws)
+    assert _longest_edge(nine_ws) == 5184 and _longest_edge(ws) == 3136  # back at 7x7's 56x56 px
+    chained = _warm_start(_cfg(tmp_path, f"policy.path={nine_ws}", "~policy.tiny", "policy.image_max_pixels=3136"))
+    assert chained == ws  # keyed as the hand-chained job
+
+
+def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"sft.start_from_experiment='tiny_5x5' is not an experiment config: use one "
+                                          r"of .*tiny_9x9_curriculum"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_5x5"))
+    with pytest.raises(ConfigError, match="both name a warm start to start from: set one of them"):
+        _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_small",
+                         "sft.start_from_experiment=tiny_9x9_curriculum"))
+    # a chain that comes back: the experiment's job starts from an env whose job starts from the experiment's
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym_small"],
+                                      "env=visgym_small": ["sft.start_from_experiment=tiny_9x9_curriculum"]})
+    with pytest.raises(ConfigError, match=r"the warm starts chain experiment=tiny_9x9_curriculum -> env=visgym_small "
+                                          r"-> experiment=tiny_9x9_curriculum comes back to"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.enabled=false"]})
+    with pytest.raises(ConfigError, match="the job experiment=tiny_9x9_curriculum has no warm start to start from"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    assert not (tmp_path / "cache" / "sft").exists()
