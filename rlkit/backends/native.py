@@ -100,6 +100,9 @@ class NativeRun:
         self.progress = Progress(quiet=self.trainer.quiet)
         # the start_from jobs (sft.start_from_*) whose warm starts this one's builds on, outermost first
         self._start_chain: list[str] = []
+        # (evaluation set, env.holdout) of the chain's outermost job: a job in the chain that evaluates on the
+        # same set holds out what that job holds out (None: this job is the outermost)
+        self._chain_holdout: tuple[str, str] | None = None
         # (informative, sampled) groups of the last dynamic-sampling step: sizes the next adaptive round
         self.informative_counts: tuple[int, int] = (1, 1)
 
@@ -335,9 +338,9 @@ class NativeRun:
         """Path of the SFT warm-start checkpoint; builds it (full fine-tune) when missing.
 
         With grounding.enabled, a tiny policy is first visually grounded (``_grounded_base``) and SFT
-        starts from that. With ``sft.start_from_env``, it starts instead from another env's warm start
-        (``_env_warm_start``), keyed as the job ``policy.path=<that warm start> ~policy.tiny
-        policy.image_max_pixels=<this env's>`` keys its own. With ``sft.stages``, each later stage then
+        starts from that. With ``sft.start_from_env`` / ``sft.start_from_experiment``, it starts instead from
+        another job's warm start (``_other_warm_start``), keyed as the job ``policy.path=<that warm start>
+        ~policy.tiny policy.image_max_pixels=<this env's>`` keys its own. With ``sft.stages``, each later stage then
         continues from the previous one's checkpoint (rlkit.sft.sft_stage_configs); the last stage's
         checkpoint is the warm start.
         """
@@ -405,8 +408,13 @@ class NativeRun:
         yet another one's warm start (a chain such as 7x7 -> 9x9 -> 7x7); the chain may not come back to a job
         in it.
 
+        A job in the chain that evaluates on the outermost job's evaluation set gets that job's ``env.holdout``
+        (with ``dihedral``, no stage of the chain trains on a turned or mirrored twin of an evaluation maze).
+
         Raises: ConfigError when ``source`` is this job's env, that job has no warm start (sft.enabled=false),
-        or the chain of start_from jobs comes back to one already in it.
+        the chain of start_from jobs comes back to one already in it, this job's ``policy.tiny`` differs from an
+        experiment's (it would change nothing), or a job in the chain refuses its config (the message names the
+        chain).
         """
         from rlkit.config import stop_strings
         from rlkit.run import compose_train
@@ -419,6 +427,16 @@ class NativeRun:
                               "with sft.start_from_env and sft.start_from_experiment null")
         group, name = source.split("=", 1)
         other = compose_train([source])  # a name that is not a config was refused in _validate
+        holdout = self._chain_holdout or (getattr(self.env_spec, "eval_set_name", None), cfg.env.get("holdout"))
+        other_spec = instantiate_plugin(other.env, "env")
+        if (holdout[0] is not None and getattr(other_spec, "eval_set_name", None) == holdout[0]
+                and other.env.get("holdout") != holdout[1]):
+            # it trains for the same evaluation set: what the outermost job keeps out of training, it keeps out too
+            with open_dict(other):
+                other.env.holdout = holdout[1]
+            other_spec = instantiate_plugin(other.env, "env")
+            self.progress.say(f"SFT warm start: {source} evaluates on {holdout[0]} too, so its stages hold out "
+                              f"what this job does (env.holdout={holdout[1]})")
         if group == "env" and (OmegaConf.to_container(other.env, resolve=True)
                                == OmegaConf.to_container(cfg.env, resolve=True)):
             raise ConfigError(f"sft.start_from_env={name} is this job's env: a warm start cannot start from "
@@ -433,19 +451,37 @@ class NativeRun:
                     policy["tiny"][k] = other.policy.tiny[k]
             with open_dict(other):
                 other.policy = policy
+        else:  # that job's own policy: an override of this job's policy.tiny would build nothing
+            self._check_same_tiny(other, source)
         with open_dict(other):
             other.paths.output_dir = str(self.out)
             other.paths.cache_dir = str(cfg.paths.cache_dir)
             other.trainer.quiet = self.trainer.quiet
         run = NativeRun(other)
-        run._validate()
-        run._start_chain = chain
+        run._start_chain, run._chain_holdout = chain, holdout
         run.progress = self.progress
-        run.env_spec = instantiate_plugin(other.env, "env")
+        run.env_spec = other_spec
         run.stop = stop_strings(run.rollout_cfg, run.env_spec)
         run.eval_seeds = run.env_spec.eval_seeds()
         self.progress.say(f"SFT warm start: first the warm start of {source} (sft.start_from_{group})")
-        return run._warm_start(load_policy, make_engine, SamplingParams)
+        try:
+            run._validate()
+            return run._warm_start(load_policy, make_engine, SamplingParams)
+        except ConfigError as e:
+            raise ConfigError(f"in the warm start this job starts from ({' -> '.join(chain)}): {e}") from e
+
+    def _check_same_tiny(self, other: Any, source: str) -> None:
+        """Refuse this job's ``policy.tiny`` when it differs from ``other``'s in more than the image size: the
+        warm start is built by ``other``'s policy, and this job loads it from its checkpoint (``~policy.tiny``),
+        so such an override would change nothing."""
+        mine, theirs = (OmegaConf.to_container(c.policy, resolve=True).get("tiny") or {} for c in (self.cfg, other))
+        differ = sorted(k for k in set(mine) | set(theirs) if not k.startswith("image_")
+                        and mine.get(k) != theirs.get(k))
+        if mine and differ:
+            raise ConfigError(f"sft.start_from_experiment: {source} builds the warm start this job starts from with its "
+                              "own policy, so this job's " + ", ".join(f"policy.tiny.{k}={mine.get(k)}" for k in differ)
+                              + " would change nothing (that job has " + ", ".join(f"{theirs.get(k)}" for k in differ)
+                              + "); drop the override, or set it in that experiment's config")
 
     def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,
                    SamplingParams: Any, label: str = "", policy_cfg: dict[str, Any] | None = None) -> Path:

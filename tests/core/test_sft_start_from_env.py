@@ -104,6 +104,22 @@ def test_start_from_experiment_builds_the_experiments_chain_then_trains_on_at_th
     assert chained == ws  # keyed as the hand-chained job
 
 
+def test_a_chain_holds_out_what_its_outermost_job_holds_out_on_the_same_evaluation_set(tmp_path, monkeypatch):
+    # 7x7 under env.holdout=dihedral -> 9x9 -> 7x7: the inner 7x7 stages must not train on the evaluation mazes'
+    # turned or mirrored twins either (its own job holds out layouts only); 9x9 evaluates elsewhere, unchanged
+    nine = ["env=visgym", "sft.start_from_env=visgym_small"]
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": nine, "env=visgym_small": ["env=visgym_small"]})
+    _warm_start(_cfg(tmp_path, "env.holdout=dihedral", "sft.start_from_experiment=tiny_9x9_curriculum"))
+    built = sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))
+    assert len(built) == 3
+    dihedral = _warm_start(_cfg(tmp_path, "env=visgym_small", "env.holdout=dihedral"))
+    assert Path(dihedral, "sft_summary.json") in built  # the inner 7x7 job was the dihedral one
+    _warm_start(_cfg(tmp_path, "env=visgym_small"))  # the layout-holdout 7x7 job was not built by the chain
+    assert len(list((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))) == 4
+    grounded = sorted((tmp_path / "cache" / "grounding").glob("*/grounding_summary.json"))
+    assert len(grounded) == 2  # one for each holdout
+
+
 def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"sft.start_from_experiment='tiny_5x5' is not an experiment config: use one "
                                           r"of .*tiny_9x9_curriculum"):
@@ -120,4 +136,14 @@ def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(t
     _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.enabled=false"]})
     with pytest.raises(ConfigError, match="the job experiment=tiny_9x9_curriculum has no warm start to start from"):
         _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    # a refusal inside the chain names the chain it came from
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym"],
+                                      "env=visgym": ["env=visgym"]})
+    with pytest.raises(ConfigError, match=r"in the warm start this job starts from \(experiment=tiny_9x9_curriculum\): "
+                                          r"sft.start_from_env=visgym is this job's env"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    # this job's policy.tiny would build nothing: the experiment's job builds the warm start with its own
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym"]})
+    with pytest.raises(ConfigError, match=r"this job's policy.tiny.text_layers=2 would change nothing \(that job has 4\)"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum", "policy.tiny.text_layers=2"))
     assert not (tmp_path / "cache" / "sft").exists()
