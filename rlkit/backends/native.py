@@ -473,7 +473,9 @@ class NativeRun:
     def _check_same_tiny(self, other: Any, source: str) -> None:
         """Refuse this job's ``policy.tiny`` when it differs from ``other``'s in more than the image size: the
         warm start is built by ``other``'s policy, and this job loads it from its checkpoint (``~policy.tiny``),
-        so such an override would change nothing."""
+        so such an override would change nothing.
+
+        Raises: ConfigError naming each differing ``policy.tiny`` key with both values."""
         mine, theirs = (OmegaConf.to_container(c.policy, resolve=True).get("tiny") or {} for c in (self.cfg, other))
         differ = sorted(k for k in set(mine) | set(theirs) if not k.startswith("image_")
                         and mine.get(k) != theirs.get(k))
