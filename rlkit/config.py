@@ -172,6 +172,10 @@ class TrainerConfig:
     resume_path: Optional[str] = None
     overwrite: bool = False  # resume_mode=none into a dir with checkpoints
     num_threads: Optional[int] = None  # torch intra-op threads; None = 1 (tiny models; shared cores)
+    # torch intra-op threads of the one-time builds (grounding stage, SFT warm start), which run alone in the
+    # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (Ray sets it to a
+    # task's CPUs), else the cores this process may use (os.sched_getaffinity). Training then uses num_threads.
+    build_threads: Optional[int] = None
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
 
@@ -413,6 +417,7 @@ RANGES: dict[str, Range] = {
     "trainer.export_interval": Range(0, integer=True, note="0 = only at the end"),
     "trainer.resume_mode": Range(choices=("latest", "none", "from_path")),
     "trainer.num_threads": Range(1, integer=True, none=True, note="null = 1"),
+    "trainer.build_threads": Range(1, integer=True, none=True, note="null = $OMP_NUM_THREADS or the usable cores"),
     "sft.num_demos": Range(0, integer=True, note="0 = a fresh batch of tasks every step"),
     "sft.max_steps": Range(1, integer=True),
     "sft.batch_size": Range(1, integer=True),

@@ -11,6 +11,9 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# The builds (trainer.build_threads=null) take $OMP_NUM_THREADS threads: 1 in the suite, whose train.py
+# subprocesses run beside other work and build only smoke-sized warm starts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
