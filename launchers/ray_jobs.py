@@ -327,12 +327,16 @@ def log_tail(logs: str, n: int) -> str:
 
 
 def job_env_vars(settings: Settings, environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """``env_vars`` plus each ``pass_env`` name set in ``environ`` (values are never logged)."""
+    """``env_vars`` plus each ``pass_env`` name set in ``environ`` (values are never logged), plus
+    ``OMP_NUM_THREADS`` = the job's ``entrypoint_num_cpus`` (at least 1) unless either sets it: a job's
+    one-time builds (grounding, SFT warm start) run in its entrypoint process on that many torch threads
+    (``trainer.build_threads=null``), not on every core of a node other jobs share."""
     environ = os.environ if environ is None else environ
     env = {str(k): str(v) for k, v in settings.env_vars.items()}
     for name in settings.pass_env:
         if name in environ and name not in env:
             env[name] = environ[name]
+    env.setdefault("OMP_NUM_THREADS", str(max(1, int(settings.entrypoint_num_cpus))))
     return env
 
 

@@ -64,7 +64,11 @@ def test_settings_locality_modes_and_env(tmp_path):
     s = Settings(address="http://10.0.0.5:8265", excludes=[".venv/"], runtime_env={"pip": ["x"]},
                  env_vars={"A": "1"}, pass_env=["SECRET", "UNSET"])
     env = job_env_vars(s, {"SECRET": "v", "OTHER": "o"})
-    assert env == {"A": "1", "SECRET": "v"}
+    assert env == {"A": "1", "SECRET": "v", "OMP_NUM_THREADS": "1"}  # the job's builds: its entrypoint's CPUs
+    assert job_env_vars(Settings(entrypoint_num_cpus=4.0), {})["OMP_NUM_THREADS"] == "4"
+    assert job_env_vars(Settings(entrypoint_num_cpus=0.5), {})["OMP_NUM_THREADS"] == "1"
+    assert job_env_vars(Settings(env_vars={"OMP_NUM_THREADS": "8"}, entrypoint_num_cpus=2.0), {})["OMP_NUM_THREADS"] == "8"
+    assert job_env_vars(Settings(pass_env=["OMP_NUM_THREADS"]), {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
     renv = runtime_env_for(s, tmp_path, env)
     assert renv == {"pip": ["x"], "working_dir": str(tmp_path), "excludes": [".venv/"], "env_vars": env}
     local = Settings(address="http://127.0.0.1:8265")
