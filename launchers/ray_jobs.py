@@ -275,17 +275,22 @@ def hydra_quote(value: str) -> str:
 
 
 def build_entrypoint(python: str, script: str, overrides: Sequence[str], job_dir: str, num: int,
-                     job_id: str, cd: Optional[str] = None) -> str:
+                     job_id: str, cd: Optional[str] = None, threads: Optional[int] = None) -> str:
     """The shell command of one job.
 
     ``<python> <script> <overrides...> hydra.run.dir='<job_dir>' hydra.job.num=<num>
     hydra.job.id=<job_id> && echo <marker> && cat <job_dir>/result.json``, each argument quoted
     with shlex so ``/bin/sh`` passes the overrides to Hydra unchanged, prefixed with
-    ``cd <cd> &&`` when the job runs in place.
+    ``cd <cd> &&`` when the job runs in place. With ``threads``, the program runs with
+    ``OMP_NUM_THREADS=${OMP_NUM_THREADS:-<threads>}``: the entrypoint's CPUs unless the job's env sets
+    it, for the entrypoint process only (the job's Ray tasks and actors keep their own), so an rlkit
+    job's one-time builds (``trainer.build_threads=null``) take its share of a node other jobs share.
     """
     argv = [python, script, *overrides, f"hydra.run.dir={hydra_quote(job_dir)}",
             f"hydra.job.num={num}", f"hydra.job.id={job_id}"]
     cmd = shlex.join(argv)
+    if threads is not None:
+        cmd = f"OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{int(threads)}}} {cmd}"
     # The marker is echoed as two words so that the command text itself, which Ray writes into the
     # log ("Running entrypoint for job ..."), never contains the marker line.
     head, tail = RESULT_MARKER.split(" ", 1)
@@ -327,16 +332,12 @@ def log_tail(logs: str, n: int) -> str:
 
 
 def job_env_vars(settings: Settings, environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """``env_vars`` plus each ``pass_env`` name set in ``environ`` (values are never logged), plus
-    ``OMP_NUM_THREADS`` = the job's ``entrypoint_num_cpus`` (at least 1) unless either sets it: a job's
-    one-time builds (grounding, SFT warm start) run in its entrypoint process on that many torch threads
-    (``trainer.build_threads=null``), not on every core of a node other jobs share."""
+    """``env_vars`` plus each ``pass_env`` name set in ``environ`` (values are never logged)."""
     environ = os.environ if environ is None else environ
     env = {str(k): str(v) for k, v in settings.env_vars.items()}
     for name in settings.pass_env:
         if name in environ and name not in env:
             env[name] = environ[name]
-    env.setdefault("OMP_NUM_THREADS", str(max(1, int(settings.entrypoint_num_cpus))))
     return env
 
 
@@ -674,7 +675,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
             sweep_config.hydra.runtime.output_dir = job_dir
         sub_id = str(sweep_config.hydra.job.id)
         entry = build_entrypoint(python, script_rel, list(overrides), job_dir, num, sub_id,
-                                 cd=str(code_dir) if mode == "in_place" else None)
+                                 cd=str(code_dir) if mode == "in_place" else None,
+                                 threads=max(1, int(s.entrypoint_num_cpus)))
         (local_dir / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(list(overrides)), local_dir / ".hydra" / "overrides.yaml")
         log.info("\t#%d : %s", num, " ".join(overrides))

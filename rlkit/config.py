@@ -173,8 +173,9 @@ class TrainerConfig:
     overwrite: bool = False  # resume_mode=none into a dir with checkpoints
     num_threads: Optional[int] = None  # torch intra-op threads; None = 1 (tiny models; shared cores)
     # torch intra-op threads of the one-time builds (grounding stage, SFT warm start), which run alone in the
-    # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (Ray sets it to a
-    # task's CPUs), else the cores this process may use (os.sched_getaffinity). Training then uses num_threads.
+    # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (the Ray launcher
+    # sets it for a job to its entrypoint_num_cpus), else the cores this process may use under its cgroup's
+    # CPU quota (rlkit.backends.native.build_threads). Training then uses num_threads.
     build_threads: Optional[int] = None
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)

@@ -33,6 +33,7 @@ def test_defaults_and_every_experiment_are_valid():
     ("trainer.eval_interval=-1", "trainer.eval_interval=-1 must be an integer >= 0 (0 = only before and after"),
     ("trainer.export_interval=-2", "trainer.export_interval=-2"),
     ("trainer.num_threads=0", "trainer.num_threads=0 must be an integer >= 1 or null"),
+    ("trainer.build_threads=0", "trainer.build_threads=0 must be an integer >= 1 or null"),
     ("rollout.top_p=0", "rollout.top_p=0.0 must be > 0 and <= 1"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
     ("rollout.eval_temperature=-0.5", "rollout.eval_temperature=-0.5 must be >= 0 (0 = greedy)"),

@@ -140,6 +140,7 @@ def test_same_training_tasks_as_the_native_sampler():
         ("eval.seen_tasks=64", "eval.seen_tasks"),
         ("trainer.deterministic=true", "trainer.deterministic"),
         ("trainer.num_threads=2", "trainer.num_threads"),
+        ("trainer.build_threads=2", "trainer.build_threads"),
         ("policy.image_max_pixels=50176", "policy.image_min_pixels/image_max_pixels"),
         ("policy.seed=7", "policy.seed"),
         ("group_size=1", "group_size"),

@@ -5,7 +5,10 @@ a scripted fake of ``JobSubmissionClient``."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,16 @@ def test_entrypoint_passes_overrides_unchanged_through_sh():
     assert RESULT_MARKER not in cmd  # Ray logs the command; only the echo may print the marker
     plain = build_entrypoint("python", "train.py", [], "/shared/x/0", 0, "i")
     assert "hydra.run.dir=/shared/x/0 " in plain and not plain.startswith("cd ")
+
+
+@pytest.mark.parametrize("job_env, expected", [({}, "3"), ({"OMP_NUM_THREADS": "7"}, "7")])
+def test_the_entrypoint_runs_on_its_cpus_unless_the_job_env_sets_omp_num_threads(tmp_path, job_env, expected):
+    show = "import os, sys; print('threads', os.environ['OMP_NUM_THREADS'])"
+    cmd = build_entrypoint(sys.executable, "-c", [show], str(tmp_path / "0"), 0, "i", threads=3)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | job_env
+    out = subprocess.run(cmd, shell=True, executable="/bin/sh", env=env, capture_output=True, text=True).stdout
+    assert out.splitlines()[0] == f"threads {expected}"  # (cat result.json then fails: no job ran)
+    assert not build_entrypoint("python", "train.py", [], "/d/0", 0, "i").startswith("OMP_NUM_THREADS")
 
 
 def test_result_from_logs_ignores_the_logged_command():
@@ -64,11 +77,7 @@ def test_settings_locality_modes_and_env(tmp_path):
     s = Settings(address="http://10.0.0.5:8265", excludes=[".venv/"], runtime_env={"pip": ["x"]},
                  env_vars={"A": "1"}, pass_env=["SECRET", "UNSET"])
     env = job_env_vars(s, {"SECRET": "v", "OTHER": "o"})
-    assert env == {"A": "1", "SECRET": "v", "OMP_NUM_THREADS": "1"}  # the job's builds: its entrypoint's CPUs
-    assert job_env_vars(Settings(entrypoint_num_cpus=4.0), {})["OMP_NUM_THREADS"] == "4"
-    assert job_env_vars(Settings(entrypoint_num_cpus=0.5), {})["OMP_NUM_THREADS"] == "1"
-    assert job_env_vars(Settings(env_vars={"OMP_NUM_THREADS": "8"}, entrypoint_num_cpus=2.0), {})["OMP_NUM_THREADS"] == "8"
-    assert job_env_vars(Settings(pass_env=["OMP_NUM_THREADS"]), {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    assert env == {"A": "1", "SECRET": "v"}
     renv = runtime_env_for(s, tmp_path, env)
     assert renv == {"pip": ["x"], "working_dir": str(tmp_path), "excludes": [".venv/"], "env_vars": env}
     local = Settings(address="http://127.0.0.1:8265")
