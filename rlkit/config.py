@@ -175,8 +175,9 @@ class TrainerConfig:
     # torch intra-op threads of the one-time builds (grounding stage, SFT warm start), which run alone in the
     # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (the Ray launcher
     # sets it for a job to its entrypoint_num_cpus), else the cores this process may use under its cgroup's
-    # CPU quota (rlkit.backends.native.build_threads). Training then uses num_threads.
-    build_threads: Optional[int] = None
+    # CPU quota (rlkit.backends.native.build_threads). Training then uses num_threads. 1 by default: a build's
+    # numbers depend on its thread count, and the documented builds were made on 1 (docs/speed.md).
+    build_threads: Optional[int] = 1
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
 
