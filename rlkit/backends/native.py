@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "eval.seen_tasks", "reward.timeout_s",
                   "reward.on_error", "rollout.reuse_kv_cache")
 
+
 def build_threads(setting: int | None) -> int:
-    """torch intra-op threads for the one-time builds (``trainer.build_threads``).
+    """torch intra-op threads (an int >= 1) for the one-time builds (``trainer.build_threads``).
 
     ``setting`` when given; else ``$OMP_NUM_THREADS`` when set (its first level, as OpenMP reads
     ``"4,2"``; the Ray launcher sets it for a job's entrypoint to ``entrypoint_num_cpus``), else the
@@ -80,8 +81,9 @@ def build_threads(setting: int | None) -> int:
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> int | None:
-    """CPUs this process's cgroup may use, rounded up (cgroup v2 ``cpu.max``: ``"<quota> <period>"``; v1
-    ``cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None without a limit or a readable file."""
+    """CPUs the cgroup mounted at ``root`` may use, rounded up: a container's own limit, as it sees its cgroup
+    at /sys/fs/cgroup (v2 ``cpu.max``: ``"<quota> <period>"`` in microseconds; v1 ``cpu/cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``; the kernel's CFS bandwidth control). None without a limit or a readable file."""
     root = Path(root)
     try:
         quota, period = (root / "cpu.max").read_text().split()[:2]
@@ -201,7 +203,7 @@ class NativeRun:
         resume_from = self._resume_path()  # refuse a changed experiment before minutes of warm start, not after
         if resume_from is not None:
             self._check_same_experiment(resume_from)
-        # the builds (grounding, warm start) run here alone, before any worker starts: they get the cores
+        # the builds (grounding, warm start) run here alone, before any worker starts, on trainer.build_threads
         torch.set_num_threads(build_threads(self.trainer.build_threads))
         try:
             base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
