@@ -203,6 +203,9 @@ class NativeRun:
         resume_from = self._resume_path()  # refuse a changed experiment before minutes of warm start, not after
         if resume_from is not None:
             self._check_same_experiment(resume_from)
+        if self.sft_cfg.enabled or self.grounding_cfg.enabled:
+            # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds, not after
+            self._check_answer_fits(self._tokenizer_before_builds())
         # the builds (grounding, warm start) run here alone, before any worker starts, on trainer.build_threads
         torch.set_num_threads(build_threads(self.trainer.build_threads))
         try:
@@ -365,6 +368,23 @@ class NativeRun:
             del base
         return str(out_dir)
 
+    def _tokenizer_before_builds(self) -> Any:
+        """The policy's tokenizer without its weights, for ``_check_answer_fits`` before any build: the
+        checkpoint folder at ``policy.path`` (loaded there), the tokenizer the tiny build of ``policy.tiny``
+        gets (rlkit.policy.tokenizer.build_tiny_tokenizer, deterministic), or None (no ``policy.tiny`` and no
+        path: nothing to check yet; the check runs again on the loaded policy)."""
+        path = self.cfg.policy.get("path")
+        if path:
+            return path
+        tiny = OmegaConf.select(self.cfg, "policy.tiny")
+        if tiny is None:
+            return None
+        from rlkit.policy.tiny import TinyVLSizes
+        from rlkit.policy.tokenizer import build_tiny_tokenizer
+
+        vocab = tiny.get("vocab_size") or TinyVLSizes.vocab_size
+        return build_tiny_tokenizer(vocab)
+
     def _check_answer_fits(self, tokenizer: Any) -> None:
         """Raise ConfigError when the solver's answer to an evaluation task needs more tokens in one turn than
         ``rollout.max_new_tokens``: such an answer would be cut, so a task would count as failed however well
@@ -521,6 +541,8 @@ class NativeRun:
         self.progress.say(f"SFT warm start: first the warm start of {source} (sft.start_from_{group})")
         try:
             run._validate()
+            # its own answers must fit its rollouts too: refused before its chain's builds, not after them
+            run._check_answer_fits(run._tokenizer_before_builds())
             return run._warm_start(load_policy, make_engine, SamplingParams)
         except ConfigError as e:
             raise ConfigError(f"in the warm start this job starts from ({' -> '.join(chain)}): {e}") from e

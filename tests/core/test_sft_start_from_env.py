@@ -147,3 +147,29 @@ def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(t
     with pytest.raises(ConfigError, match=r"this job's policy.tiny.text_layers=2 would change nothing \(that job has 4\)"):
         _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum", "policy.tiny.text_layers=2"))
     assert not (tmp_path / "cache" / "sft").exists()
+
+
+def test_answers_the_rollouts_would_cut_are_refused_before_any_build_of_the_chain(tmp_path, monkeypatch):
+    # an inner job of the chain whose solver answers need more tokens than its rollouts allow (plan_cells
+    # writes a cell after every move): refused before its own chain's 7x7 build, not after an hour of builds
+    _composes(tmp_path, monkeypatch, {
+        "experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym_small", "env.parser=plan_cells"],
+        "env=visgym_small": ["env=visgym_small"]})
+    with pytest.raises(ConfigError, match=r"in the warm start this job starts from \(experiment=tiny_9x9_curriculum\): "
+                                          r"rollout.max_new_tokens=24 cuts answers: .* set rollout.max_new_tokens=\d+"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
+    # the outermost job's own answers: refused by setup before the grounding stage and the warm start
+    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_cells", "grounding.enabled=true", "logger=console")
+    with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=24 cuts answers: the solver's answer to evaluation "
+                                          r"task \d+ is \d+ tokens in env.parser=plan_cells's format"):
+        NativeRun(cfg).setup()
+    assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
+    # with room for them, the same outer job goes on to its builds (the smoke's 2 grounding + 2 SFT steps)
+    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_cells", "rollout.max_new_tokens=80")
+    run = NativeRun(cfg)
+    run._validate()
+    run.env_spec = instantiate_plugin(cfg.env, "env")
+    run.stop = stop_strings(run.rollout_cfg, run.env_spec)
+    run.eval_seeds = run.env_spec.eval_seeds()
+    run._check_answer_fits(run._tokenizer_before_builds())  # no error: 80 tokens hold every answer
