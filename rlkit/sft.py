@@ -133,17 +133,33 @@ def sft_stage_configs(sft_cfg: Any) -> list[dict[str, Any]]:
     return out
 
 
+#: Files up to this size are hashed whole (a tiny checkpoint's weights: a few MiB); larger ones by samples.
+_WHOLE_FILE_BYTES = 256 << 20
+#: A larger file (an 8B checkpoint's shards, GiBs each) is hashed by this many evenly spaced 1 MiB chunks.
+_CHUNKS = 64
+
+
 def checkpoint_fingerprint(folder: Path) -> str:
-    """sha256 over a checkpoint folder's small files (config, tokenizer, processor: < 1 MiB each) by
-    content and its large files (weights) by relative name and size; cheap for an 8B checkpoint and
-    the same wherever the folder is copied to."""
+    """sha256 over a checkpoint folder's files by relative name, size and content, the same wherever the
+    folder is copied to. Files up to 256 MiB (config, tokenizer, a tiny model's weights) count whole; a larger
+    one (a shard of an 8B checkpoint) by 64 evenly spaced 1 MiB chunks, its first and last included, so the
+    key costs 64 MiB of reading per shard, not the whole model. A checkpoint retrained or overwritten in place
+    changes its key (its weights change throughout); a change confined to bytes between the chunks of a
+    large shard would not."""
     h = hashlib.sha256()
+    chunk = 1 << 20
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = f.relative_to(folder).as_posix()
         size = f.stat().st_size
         h.update(f"{rel}\0{size}\0".encode())
-        if size < 1 << 20:
-            h.update(f.read_bytes())
+        with open(f, "rb") as fh:
+            if size <= _WHOLE_FILE_BYTES:
+                for block in iter(lambda: fh.read(chunk), b""):
+                    h.update(block)
+            else:
+                for i in range(_CHUNKS):
+                    fh.seek((size - chunk) * i // (_CHUNKS - 1))
+                    h.update(fh.read(chunk))
     return h.hexdigest()
 
 

@@ -87,3 +87,25 @@ def test_the_layout_holdout_keys_as_before_the_option_existed():
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"holdout": "layout"}), _policy()) == before
     assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"holdout": "dihedral"}), _policy()) != before
+
+
+def test_a_checkpoint_overwritten_in_place_with_same_size_weights_keys_anew(tmp_path, monkeypatch):
+    """policy.path=<a folder retrained in place>: the warm start built on the old weights must not be reused."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"hidden": 8}')
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 2_000_000)
+    key = sft_cache_key(SFT, ENV, _policy(path=str(ckpt)))
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 1_000_000 + b"\1" + b"\0" * 999_999)  # same name and size
+    assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
+    # a shard above the whole-file size is read by chunks: a change in its first or last MiB counts too
+    import rlkit.sft
+
+    monkeypatch.setattr(rlkit.sft, "_WHOLE_FILE_BYTES", 1 << 20)
+    shard = bytearray(5 << 20)
+    (ckpt / "model.safetensors").write_bytes(bytes(shard))
+    key = sft_cache_key(SFT, ENV, _policy(path=str(ckpt)))
+    shard[-1] = 7
+    (ckpt / "model.safetensors").write_bytes(bytes(shard))
+    assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
+    assert rlkit.sft.checkpoint_fingerprint(ckpt) == rlkit.sft.checkpoint_fingerprint(ckpt)  # stable
