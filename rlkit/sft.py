@@ -298,6 +298,23 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
             "first_token_accuracy": first_hits / len(trajectories) if first_diff is not None else float("nan")}
 
 
+#: A build saves its progress (``partial_dir``) this often, in steps, and at every validation check.
+PARTIAL_EVERY = 50
+
+
+def partial_dir(out_dir: Path) -> Path:
+    """Where the build of ``out_dir`` keeps its progress until it is done (a sibling folder)."""
+    return out_dir.with_name(out_dir.name + ".partial")
+
+
+def _save_partial(folder: Path, state: dict[str, Any]) -> None:
+    """Write a build's progress (one torch.save file) atomically: a temp file renamed over the old one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"state.pt.tmp-{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / "state.pt")
+
+
 def train_sft(
     env_spec: EnvSpec,
     policy: Any,
@@ -307,14 +324,22 @@ def train_sft(
     out_dir: Path,
     progress: Any = None,
     grounding_tasks: Iterable[str] = (),
+    on_resume: Any = None,
 ) -> dict[str, Any]:
     """Train the full policy weights on demonstrations; save to ``out_dir`` atomically.
 
     With ``cfg.grounding_mix`` = N > 0, N grounding questions (``env_spec.grounding_example`` on tasks
     drawn from ``grounding_tasks``, training mazes only) join every batch (rlkit.grounding.encode_example).
 
-    Returns: a summary dict (steps, val_success, wall_time_s, num_demos), also written to
-    ``out_dir/sft_summary.json``.
+    A build that stops before it is done (killed, a crash, a lost machine) resumes where it left off: every
+    ``PARTIAL_EVERY`` steps and at each validation check it saves its weights, AdamW and lr-schedule state,
+    task samplers, random generators and history to ``partial_dir(out_dir)``, and a later call with the same
+    ``out_dir`` (the same cache key: the same config and base) loads them and continues, so the finished
+    checkpoint is the one an uninterrupted build writes (bit for bit on the same machine and thread count).
+    The folder is removed once ``out_dir`` is saved. ``on_resume(step)`` is called when a build resumes.
+
+    Returns: a summary dict (steps, val_success, wall_time_s, num_demos; resumed_at: the steps it resumed
+    from, when it did), also written to ``out_dir/sft_summary.json``.
     Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
     and the env has no grounding questions or ``grounding_tasks`` is empty (the grounding stage itself
     need not run: its ``grounding.curriculum`` names the tasks).
@@ -358,10 +383,38 @@ def train_sft(
     val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
     order: list[int] = []
     share = batch_shares_prefix(policy)
+    g_sampler = g_rng = None
     if cfg.grounding_mix > 0:
         from rlkit.grounding import draw_examples, encode_example
 
         g_sampler, g_rng = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed), np.random.default_rng(cfg.seed + 1)
+    partial, elapsed, resumed_at = partial_dir(out_dir), 0.0, []
+    if (partial / "state.pt").is_file():  # an earlier build of this stage stopped: go on from its last save
+        st = torch.load(partial / "state.pt", weights_only=False)
+        policy.model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        gen.set_state(st["generator"])
+        torch.set_rng_state(st["torch_rng"])
+        sampler.load_state_dict(st["sampler"])
+        if g_sampler is not None:
+            g_sampler.load_state_dict(st["grounding_sampler"])
+            g_rng.bit_generator.state = st["grounding_rng"]
+        step, history, order, num_drawn = st["step"], st["history"], st["order"], st["num_drawn"]
+        val_success, elapsed, resumed_at = st["val_success"], st["wall_time_s"], [*st["resumed_at"], st["step"]]
+        log.info("sft: resuming %s at step %d", out_dir, step)
+        if on_resume is not None:
+            on_resume(step)
+
+    def save_progress() -> None:
+        _save_partial(partial, {
+            "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
+            "grounding_sampler": None if g_sampler is None else g_sampler.state_dict(),
+            "grounding_rng": None if g_rng is None else g_rng.bit_generator.state,
+            "step": step, "history": history, "order": order, "num_drawn": num_drawn, "val_success": val_success,
+            "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
+
     while step < cfg.max_steps:
         if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
             batch = draw(cfg.batch_size)
@@ -395,10 +448,15 @@ def train_sft(
             progress(step, cfg.max_steps, loss.item(), val_success if history else None)
         if done:
             break
+        if step < cfg.max_steps and (step % PARTIAL_EVERY == 0 or step % cfg.eval_every == 0):
+            save_progress()
     summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,
                "num_tasks_drawn": num_drawn,
-               "wall_time_s": time.time() - t0, "history": history}
+               "wall_time_s": elapsed + time.time() - t0, "history": history}
+    if resumed_at:
+        summary["resumed_at"] = resumed_at
     save_stage(policy, out_dir, "sft_summary.json", summary)
+    shutil.rmtree(partial, ignore_errors=True)
     return summary
 
 

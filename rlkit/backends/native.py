@@ -567,7 +567,7 @@ class NativeRun:
         """Build one warm-start stage into ``out_dir`` from ``base_path`` (None: the policy config's own
         weights), or reuse it when its summary is there; under a file lock, saved atomically.
         ``policy_cfg``: the policy config to load it with (None: ``cfg.policy``)."""
-        from rlkit.sft import train_sft
+        from rlkit.sft import partial_dir, train_sft
 
         cfg = self.cfg
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -586,7 +586,10 @@ class NativeRun:
             phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
             tasks = phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))
             summary = train_sft(self.env_spec, base, engine, sft_cfg, greedy, out_dir,
-                                progress=self.progress.sft, grounding_tasks=tasks)
+                                progress=self.progress.sft, grounding_tasks=tasks,
+                                on_resume=lambda step: self.progress.say(
+                                    f"SFT warm start{label}: resuming the stopped build at step {step} "
+                                    f"(its progress: {partial_dir(out_dir)})"))
             self.progress.say(f"SFT warm start{label}: {summary['steps']} steps, val success "
                               f"{summary['val_success']:.1%} on {sft_cfg.val_tasks} held-out training "
                               f"tasks (not the eval set), {summary['wall_time_s']:.0f}s")
