@@ -177,6 +177,7 @@ class TrainerConfig:
     # sets it for a job to its entrypoint_num_cpus), else the cores this process may use under its cgroup's
     # CPU quota (rlkit.backends.native.build_threads). Training then uses num_threads. 1 by default: a build's
     # numbers depend on its thread count, and the documented builds were made on 1 (docs/speed.md).
+    # A chain's stages (sft.start_from_*) are built with this job's value, whatever their own configs say.
     build_threads: Optional[int] = 1
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
