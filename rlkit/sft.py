@@ -311,8 +311,34 @@ def _save_partial(folder: Path, state: dict[str, Any]) -> None:
     """Write a build's progress (one torch.save file) atomically: a temp file renamed over the old one."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"state.pt.tmp-{os.getpid()}"
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before it replaces the last good save
     os.replace(tmp, folder / "state.pt")
+
+
+_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "generator", "torch_rng", "sampler", "grounding_sampler",
+                 "grounding_rng", "step", "history", "order", "num_drawn", "val_success", "wall_time_s", "resumed_at")
+
+
+def _load_partial(folder: Path) -> dict[str, Any] | None:
+    """A stopped build's saved progress, or None when there is none or it cannot be read (a file cut short,
+    another version's fields): such a folder is removed with a warning, and the build starts over."""
+    path = folder / "state.pt"
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # saved on a GPU, resumed anywhere
+        missing = [k for k in _PARTIAL_KEYS if k not in state]
+        if missing:
+            raise KeyError(f"no {', '.join(missing)}")
+        return state
+    except Exception as e:  # noqa: BLE001 - any unreadable save means: start over
+        log.warning("sft: the saved progress in %s cannot be read (%s: %s); removing it, the build starts over",
+                    folder, type(e).__name__, e)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
 
 
 def train_sft(
@@ -336,7 +362,9 @@ def train_sft(
     task samplers, random generators and history to ``partial_dir(out_dir)``, and a later call with the same
     ``out_dir`` (the same cache key: the same config and base) loads them and continues, so the finished
     checkpoint is the one an uninterrupted build writes (bit for bit on the same machine and thread count).
-    The folder is removed once ``out_dir`` is saved. ``on_resume(step)`` is called when a build resumes.
+    The folder is removed once ``out_dir`` is saved; a save that cannot be read (cut short, another version's
+    fields) is removed with a warning, and the build starts over. ``on_resume(step)`` is called when a build
+    resumes.
 
     Returns: a summary dict (steps, val_success, wall_time_s, num_demos; resumed_at: the steps it resumed
     from, when it did), also written to ``out_dir/sft_summary.json``.
@@ -389,8 +417,8 @@ def train_sft(
 
         g_sampler, g_rng = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed), np.random.default_rng(cfg.seed + 1)
     partial, elapsed, resumed_at = partial_dir(out_dir), 0.0, []
-    if (partial / "state.pt").is_file():  # an earlier build of this stage stopped: go on from its last save
-        st = torch.load(partial / "state.pt", weights_only=False)
+    st = _load_partial(partial)
+    if st is not None:  # an earlier build of this stage stopped: go on from its last save
         policy.model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])

@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import random
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -575,6 +576,7 @@ class NativeRun:
             if (out_dir / "sft_summary.json").is_file():
                 summary = json.loads((out_dir / "sft_summary.json").read_text())
                 self.progress.say(f"SFT warm start{label}: reusing {out_dir} (val success {summary['val_success']:.1%})")
+                shutil.rmtree(partial_dir(out_dir), ignore_errors=True)  # left by a build killed as it finished
                 return out_dir
             policy = cfg.policy if policy_cfg is None else OmegaConf.create(policy_cfg)
             base = instantiate_plugin(policy, "policy", base_path=base_path, train_mode="full")

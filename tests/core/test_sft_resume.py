@@ -58,3 +58,19 @@ def test_a_stopped_build_resumes_to_the_uninterrupted_builds_weights(small_ckpt,
     assert json.loads((out / "sft_summary.json").read_text())["resumed_at"] == [4]
     assert not sft_mod.partial_dir(out).exists()  # removed once the stage is saved
 
+
+
+def test_a_save_that_cannot_be_read_is_removed_and_the_build_starts_over(small_ckpt, tmp_path, caplog):
+    cfg = SFTConfig(num_demos=0, max_steps=2, batch_size=3, warmup_steps=0, val_tasks=2, eval_every=2,
+                    grounding_mix=1, target_success=1.0)
+    whole, _ = _build(small_ckpt, cfg, tmp_path / "whole")
+    out = tmp_path / "stopped"
+    sft_mod.partial_dir(out).mkdir(parents=True)
+    (sft_mod.partial_dir(out) / "state.pt").write_bytes(b"")  # a save cut short by a lost machine
+    resumed = []
+    policy, summary = _build(small_ckpt, cfg, out, on_resume=resumed.append)
+    assert resumed == [] and "resumed_at" not in summary
+    assert "cannot be read (EOFError" in caplog.text and "the build starts over" in caplog.text
+    mine, theirs = policy.model.state_dict(), whole.model.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert not sft_mod.partial_dir(out).exists()

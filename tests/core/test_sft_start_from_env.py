@@ -165,7 +165,7 @@ def test_answers_the_rollouts_would_cut_are_refused_before_any_build_of_the_chai
                                           r"task \d+ is \d+ tokens in env.parser=plan_cells's format"):
         NativeRun(cfg).setup()
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
-    # with room for them, the same outer job goes on to its builds (the smoke's 2 grounding + 2 SFT steps)
+    # with room for them, the same check passes
     cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_cells", "rollout.max_new_tokens=80")
     run = NativeRun(cfg)
     run._validate()
