@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -350,7 +350,7 @@ def train_sft(
     out_dir: Path,
     progress: Any = None,
     grounding_tasks: Iterable[str] = (),
-    on_resume: Any = None,
+    on_resume: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Train the full policy weights on demonstrations; save to ``out_dir`` atomically.
 
