@@ -18,6 +18,7 @@ given the correct prefix.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -29,9 +30,13 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.sft import batch_shares_prefix, save_stage
+from rlkit.sft import PARTIAL_EVERY, _load_partial, _save_partial, batch_shares_prefix, partial_dir, save_stage
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
+
+#: What a grounding build's saved progress holds (rlkit.sft._load_partial refuses a save without one of them).
+_GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "phase",
+                           "phase_starts", "history", "table", "wall_time_s", "resumed_at")
 
 WALL_BITS = "wall_bits"  #: pseudo-task in accuracy tables: "cell" questions about wall bits only
 
@@ -156,8 +161,17 @@ def train_grounding(
     out_dir: Path | None = None,
     blind: bool = False,
     progress: Callable[[int, int, float, dict | None], None] | None = None,
+    on_resume: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Train the full policy weights on grounding questions; save to ``out_dir`` (atomically).
+
+    With an ``out_dir``, a build that stops before it is done resumes where it left off, as the SFT warm start
+    does (rlkit.sft.train_sft): every ``PARTIAL_EVERY`` steps and at each check it saves its weights, AdamW
+    and warmup state, task sampler, random generators, curriculum phase and history to
+    ``partial_dir(out_dir)``; a later call with the same ``out_dir`` (the same cache key) continues from
+    there, and the finished checkpoint is the one an uninterrupted build writes (bit for bit on the same
+    machine and thread count). The folder is removed once ``out_dir`` is saved; an unreadable save is
+    removed with a warning and the build starts over. ``on_resume(step)`` is called when a build resumes.
 
     Args:
         env_spec: an EnvSpec with ``grounding_example(seed, task, rng)`` and ``grounding_tasks``.
@@ -172,7 +186,8 @@ def train_grounding(
 
     Returns:
         A summary dict: steps, wall_time_s, blind, final (accuracy table on the held-out
-        questions), history (one entry per check: step, loss, accuracy table). Written to
+        questions), history (one entry per check: step, loss, accuracy table); resumed_at (the steps
+        it resumed from) when it did. Written to
         ``out_dir/grounding_summary.json`` when out_dir is given. Training stops early once the
         held-out ``wall_bits`` accuracy (or ``all`` when the env has no wall bits) reaches
         ``target_accuracy``.
@@ -205,6 +220,29 @@ def train_grounding(
     history: list[dict[str, Any]] = []
     table: dict[str, float] | None = None
     step, phase, phase_starts = 0, 0, [0]
+    partial = partial_dir(out_dir) if out_dir is not None else None
+    elapsed, resumed_at = 0.0, []
+    st = _load_partial(partial, _GROUNDING_PARTIAL_KEYS, "grounding") if partial is not None else None
+    if st is not None:  # an earlier build of this stage stopped: go on from its last save
+        policy.model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        torch.set_rng_state(st["torch_rng"])
+        sampler.load_state_dict(st["sampler"])
+        rng.bit_generator.state = st["rng"]
+        step, phase, phase_starts, history, table = (st["step"], st["phase"], st["phase_starts"], st["history"],
+                                                     st["table"])
+        elapsed, resumed_at = st["wall_time_s"], [*st["resumed_at"], st["step"]]
+        if on_resume is not None:
+            on_resume(step)
+
+    def save_progress() -> None:
+        _save_partial(partial, {
+            "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(), "rng": rng.bit_generator.state,
+            "step": step, "phase": phase, "phase_starts": phase_starts, "history": history, "table": table,
+            "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
+
     policy.model.train()
     share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
@@ -235,11 +273,16 @@ def train_grounding(
             phase_starts.append(step)
         elif checked and phase + 1 == len(phases) and table.get(key, 0.0) >= cfg.target_accuracy:
             break
-    summary = {"steps": step, "wall_time_s": time.time() - t0, "blind": blind, "curriculum": phases,
+        if partial is not None and step < cfg.max_steps and (step % PARTIAL_EVERY == 0 or checked):
+            save_progress()
+    summary = {"steps": step, "wall_time_s": elapsed + time.time() - t0, "blind": blind, "curriculum": phases,
                "phase_starts": phase_starts,
                "stop_metric": key, "final": table, "history": history}
+    if resumed_at:
+        summary["resumed_at"] = resumed_at
     if out_dir is not None:
         save_stage(policy, out_dir, "grounding_summary.json", summary)
+        shutil.rmtree(partial, ignore_errors=True)
     return summary
 
 

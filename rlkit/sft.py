@@ -322,21 +322,22 @@ _PARTIAL_KEYS = ("model", "optimizer", "scheduler", "generator", "torch_rng", "s
                  "grounding_rng", "step", "history", "order", "num_drawn", "val_success", "wall_time_s", "resumed_at")
 
 
-def _load_partial(folder: Path) -> dict[str, Any] | None:
+def _load_partial(folder: Path, keys: Iterable[str] = _PARTIAL_KEYS, stage: str = "sft") -> dict[str, Any] | None:
     """A stopped build's saved progress, or None when there is none or it cannot be read (a file cut short,
-    another version's fields): such a folder is removed with a warning, and the build starts over."""
+    another version's fields: one of ``keys`` missing): such a folder is removed with a warning naming the
+    ``stage``, and the build starts over."""
     path = folder / "state.pt"
     if not path.is_file():
         return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)  # saved on a GPU, resumed anywhere
-        missing = [k for k in _PARTIAL_KEYS if k not in state]
+        missing = [k for k in keys if k not in state]
         if missing:
             raise KeyError(f"no {', '.join(missing)}")
         return state
     except Exception as e:  # noqa: BLE001 - any unreadable save means: start over
-        log.warning("sft: the saved progress in %s cannot be read (%s: %s); removing it, the build starts over",
-                    folder, type(e).__name__, e)
+        log.warning("%s: the saved progress in %s cannot be read (%s: %s); removing it, the build starts over",
+                    stage, folder, type(e).__name__, e)
         shutil.rmtree(folder, ignore_errors=True)
         return None
 

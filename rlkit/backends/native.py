@@ -342,7 +342,7 @@ class NativeRun:
         policy configs>, built under a file lock and saved atomically, like the SFT warm start.
         """
         from rlkit.grounding import format_table, train_grounding
-        from rlkit.sft import sft_cache_key
+        from rlkit.sft import partial_dir, sft_cache_key
 
         cfg = self.cfg
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
@@ -359,11 +359,15 @@ class NativeRun:
                 summary = json.loads((out_dir / "grounding_summary.json").read_text())
                 self.progress.say(f"grounding: reusing {out_dir} (held-out {summary['stop_metric']} accuracy "
                                   f"{summary['final'][summary['stop_metric']]:.1%})")
+                shutil.rmtree(partial_dir(out_dir), ignore_errors=True)  # left by a build killed as it finished
                 return str(out_dir)
             self.progress.say(f"grounding: building {out_dir} (cached for later runs)")
             base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
             summary = train_grounding(self.env_spec, base, self.grounding_cfg, out_dir,
-                                      progress=self.progress.grounding)
+                                      progress=self.progress.grounding,
+                                      on_resume=lambda step: self.progress.say(
+                                          f"grounding: resuming the stopped build at step {step} "
+                                          f"(its progress: {partial_dir(out_dir)})"))
             self.progress.say(f"grounding: {summary['steps']} steps, {summary['wall_time_s']:.0f}s; held-out "
                               f"exact-match accuracy by task:\n" + format_table({"image": summary["final"]}))
             del base
