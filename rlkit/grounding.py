@@ -30,7 +30,8 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.sft import PARTIAL_EVERY, _load_partial, _save_partial, batch_shares_prefix, partial_dir, save_stage
+from rlkit.sft import (PARTIAL_EVERY, _load_partial, _save_partial, batch_shares_prefix, build_record, partial_dir,
+                       save_stage)
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
 
@@ -162,6 +163,7 @@ def train_grounding(
     blind: bool = False,
     progress: Callable[[int, int, float, dict | None], None] | None = None,
     on_resume: Callable[[int], None] | None = None,
+    build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train the full policy weights on grounding questions; save to ``out_dir`` (atomically).
 
@@ -187,7 +189,7 @@ def train_grounding(
     Returns:
         A summary dict: steps, wall_time_s, blind, final (accuracy table on the held-out
         questions), history (one entry per check: step, loss, accuracy table); resumed_at (the steps
-        it resumed from) when it did. Written to
+        it resumed from) when it did; with an ``out_dir``, build (rlkit.sft.build_record(build)). Written to
         ``out_dir/grounding_summary.json`` when out_dir is given. Training stops early once the
         held-out ``wall_bits`` accuracy (or ``all`` when the env has no wall bits) reaches
         ``target_accuracy``.
@@ -281,6 +283,7 @@ def train_grounding(
     if resumed_at:
         summary["resumed_at"] = resumed_at
     if out_dir is not None:
+        summary["build"] = build_record(build)
         save_stage(policy, out_dir, "grounding_summary.json", summary)
         shutil.rmtree(partial, ignore_errors=True)
     return summary

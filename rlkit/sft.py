@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import platform
 import shutil
 import time
 from pathlib import Path
@@ -57,7 +58,18 @@ _ENV_KEYS_ADDED_LATER: dict[str, Any] = {k[len("env."):]: v for k, v in KEYS_ADD
 
 
 def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:
-    """A short hash of what determines the warm-start checkpoint: the sft, env and policy configs, the
+    """``cache_key_of(cache_key_inputs(...))``: the 16-hex-char cache key of a one-time build (see there)."""
+    return cache_key_of(cache_key_inputs(sft_cfg, env_cfg, policy_cfg, decoding))
+
+
+def cache_key_of(inputs: dict[str, Any]) -> str:
+    """The cache key of ``cache_key_inputs``' dict: the first 16 hex chars of the sha256 of its sorted JSON."""
+    blob = json.dumps(inputs, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> dict[str, Any]:
+    """What determines a one-time build's checkpoint, as its cache key hashes it: the sft, env and policy configs, the
     builder version (SFT_BUILDER_VERSION) and, for a policy loaded from a local checkpoint folder, that
     checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
 
@@ -70,7 +82,8 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
     ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0, or ``env.holdout`` when it is
     "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid).
-    Returns 16 hex chars.
+    Returns a dict {sft, env, policy, builder_version[, decoding]} of plain values; a build records it
+    (``build`` in its summary) so that a cache entry says what it is (scripts/cache.py).
     """
     def plain(v: Any) -> Any:
         return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
@@ -88,8 +101,34 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
     if decoding is not None:
         content["decoding"] = plain(decoding)
-    blob = json.dumps(content, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return content
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else platform.processor(), else ''."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_record(build: dict[str, Any] | None) -> dict[str, Any]:
+    """What a one-time build's summary keeps of how it was built (``build`` in sft_summary.json and
+    grounding_summary.json, listed by scripts/cache.py): the caller's ``build`` (stage, the checkpoint it
+    started from, ``inputs``: ``cache_key_inputs``, and with them ``key``), plus the torch version, its
+    intra-op thread count, the device and CPU, and the UTC time it finished: a bf16 build rounds differently
+    on another CPU or thread count, so the same key can hold other weights elsewhere."""
+    record = dict(build or {})
+    if "inputs" in record:
+        record["key"] = cache_key_of(record["inputs"])
+    cuda = torch.cuda.is_available()
+    record.update({"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                   "device": torch.cuda.get_device_name(0) if cuda else "cpu", "cpu": _cpu_name(),
+                   "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return json.loads(json.dumps(record, default=str))
 
 
 def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
@@ -352,6 +391,7 @@ def train_sft(
     progress: Any = None,
     grounding_tasks: Iterable[str] = (),
     on_resume: Callable[[int], None] | None = None,
+    build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train the full policy weights on demonstrations; save to ``out_dir`` atomically.
 
@@ -368,7 +408,7 @@ def train_sft(
     resumes.
 
     Returns: a summary dict (steps, val_success, wall_time_s, num_demos; resumed_at: the steps it resumed
-    from, when it did), also written to ``out_dir/sft_summary.json``.
+    from, when it did; build: ``build_record(build)``), also written to ``out_dir/sft_summary.json``.
     Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
     and the env has no grounding questions or ``grounding_tasks`` is empty (the grounding stage itself
     need not run: its ``grounding.curriculum`` names the tasks).
@@ -484,6 +524,7 @@ def train_sft(
                "wall_time_s": elapsed + time.time() - t0, "history": history}
     if resumed_at:
         summary["resumed_at"] = resumed_at
+    summary["build"] = build_record(build)
     save_stage(policy, out_dir, "sft_summary.json", summary)
     shutil.rmtree(partial, ignore_errors=True)
     return summary

@@ -195,6 +195,14 @@ def test_sft_stages_continue_the_warm_start_and_share_the_chained_jobs_caches(tm
     assert [h["step"] for h in history] == [2, 3]  # its own max_steps (3), checked every 2 as the smoke's
     # the stage's own cosine from sft.lr=1e-3 over its 3 steps: steps 2 and 3 train at 0.75 and 0.25 of it
     assert [h["lr"] for h in history] == pytest.approx([0.75e-3, 0.25e-3])
+    # each stage records what built it: the checkpoint it started from and the config its key hashes
+    records = {p: json.loads((Path(p) / "sft_summary.json").read_text())["build"] for p in (first, second)}
+    assert records[second]["start"] == first and records[second]["key"] == Path(second).name
+    assert records[second]["inputs"]["sft"]["seed"] == 7 and records[second]["stage"] == "sft stage 2/2 (sft.stages[0])"
+    assert Path(records[first]["start"]).parent.name == "grounding" and records[first]["key"] == Path(first).name
+    listing = subprocess.run([sys.executable, str(ROOT / "scripts" / "cache.py"), "--cache-dir", str(tmp_path / "cache")],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"sft/{Path(second).name}  built" in listing and f"from sft/{Path(first).name};" in listing
     chained = _run(["experiment=smoke", "steps=0", f"policy.path={first}", "~policy.tiny", "sft.max_steps=3",
                     "sft.seed=7", "sft.lr_schedule=cosine", "sft.warmup_steps=0", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert f"SFT warm start: reusing {second}" in chained.stdout, chained.stdout[-3000:]

@@ -342,7 +342,7 @@ class NativeRun:
         policy configs>, built under a file lock and saved atomically, like the SFT warm start.
         """
         from rlkit.grounding import format_table, train_grounding
-        from rlkit.sft import partial_dir, sft_cache_key
+        from rlkit.sft import cache_key_inputs, cache_key_of, partial_dir
 
         cfg = self.cfg
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
@@ -351,8 +351,8 @@ class NativeRun:
         # cells of its own tree mazes whatever the env's training tasks are, so those options do not count
         env = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items()
                if k not in ("train_room_endpoints", "train_open_passage")}
-        key = sft_cache_key(cfg.grounding, env, cfg.policy)
-        out_dir = Path(cfg.paths.cache_dir) / "grounding" / key
+        inputs = cache_key_inputs(cfg.grounding, env, cfg.policy)
+        out_dir = Path(cfg.paths.cache_dir) / "grounding" / cache_key_of(inputs)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(out_dir.with_suffix(".lock")):
             if (out_dir / "grounding_summary.json").is_file():
@@ -364,7 +364,7 @@ class NativeRun:
             self.progress.say(f"grounding: building {out_dir} (cached for later runs)")
             base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
             summary = train_grounding(self.env_spec, base, self.grounding_cfg, out_dir,
-                                      progress=self.progress.grounding,
+                                      progress=self.progress.grounding, build={"stage": "grounding", "inputs": inputs},
                                       on_resume=lambda step: self.progress.say(
                                           f"grounding: resuming the stopped build at step {step} "
                                           f"(its progress: {partial_dir(out_dir)})"))
@@ -424,7 +424,7 @@ class NativeRun:
         continues from the previous one's checkpoint (rlkit.sft.sft_stage_configs); the last stage's
         checkpoint is the warm start.
         """
-        from rlkit.sft import sft_cache_key, sft_stage_config, sft_stage_configs
+        from rlkit.sft import cache_key_inputs, cache_key_of, sft_stage_config, sft_stage_configs
 
         cfg = self.cfg
         stages = sft_stage_configs(cfg.sft)
@@ -439,24 +439,27 @@ class NativeRun:
                 self.progress.say(f"grounding: not run on this env; the warm start starts from the warm start of "
                                   f"{source} (sft.start_from_{source.split('=')[0]})")
             policy = self._chained_policy(start)
-            key = sft_cache_key(sft_key, cfg.env, policy, decoding)
-            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, start, self.sft_cfg, make_engine,
-                                      SamplingParams, label=label, policy_cfg=policy)
+            inputs = cache_key_inputs(sft_key, cfg.env, policy, decoding)
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), start, self.sft_cfg,
+                                      make_engine, SamplingParams, label=label, policy_cfg=policy,
+                                      build={"stage": f"sft{label}", "start": start, "inputs": inputs})
         else:
             grounded = self._grounded_base()
             # A warm start from a grounded base also depends on how that base was grounded.
             stage_key = sft_key if grounded is None else {
                 "sft": sft_key, "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
-            key = sft_cache_key(stage_key, cfg.env, cfg.policy, decoding)
-            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, grounded, self.sft_cfg,
-                                      make_engine, SamplingParams, label=label)
+            inputs = cache_key_inputs(stage_key, cfg.env, cfg.policy, decoding)
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), grounded, self.sft_cfg,
+                                      make_engine, SamplingParams, label=label,
+                                      build={"stage": f"sft{label}", "start": grounded, "inputs": inputs})
         for i, stage in enumerate(stages[1:], start=2):
             # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
             policy = self._chained_policy(out_dir)
-            key = sft_cache_key(sft_stage_config(stage), cfg.env, policy, decoding)
-            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / key, str(out_dir),
-                                      SFTConfig(**stage), make_engine, SamplingParams,
-                                      label=f" stage {i}/{len(stages)} (sft.stages[{i - 2}])", policy_cfg=policy)
+            inputs = cache_key_inputs(sft_stage_config(stage), cfg.env, policy, decoding)
+            label = f" stage {i}/{len(stages)} (sft.stages[{i - 2}])"
+            out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), str(out_dir),
+                                      SFTConfig(**stage), make_engine, SamplingParams, label=label, policy_cfg=policy,
+                                      build={"stage": f"sft{label}", "start": str(out_dir), "inputs": inputs})
         return str(out_dir)
 
     def _chained_policy(self, path: str | Path) -> dict[str, Any]:
@@ -568,10 +571,12 @@ class NativeRun:
                               + "); drop the override, or set it in that experiment's config")
 
     def _sft_stage(self, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, make_engine: Any,
-                   SamplingParams: Any, label: str = "", policy_cfg: dict[str, Any] | None = None) -> Path:
+                   SamplingParams: Any, label: str = "", policy_cfg: dict[str, Any] | None = None,
+                   build: dict[str, Any] | None = None) -> Path:
         """Build one warm-start stage into ``out_dir`` from ``base_path`` (None: the policy config's own
         weights), or reuse it when its summary is there; under a file lock, saved atomically.
-        ``policy_cfg``: the policy config to load it with (None: ``cfg.policy``)."""
+        ``policy_cfg``: the policy config to load it with (None: ``cfg.policy``); ``build``: what the
+        summary records of how it was built (rlkit.sft.train_sft)."""
         from rlkit.sft import partial_dir, train_sft
 
         cfg = self.cfg
@@ -592,7 +597,7 @@ class NativeRun:
             phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
             tasks = phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))
             summary = train_sft(self.env_spec, base, engine, sft_cfg, greedy, out_dir,
-                                progress=self.progress.sft, grounding_tasks=tasks,
+                                progress=self.progress.sft, grounding_tasks=tasks, build=build,
                                 on_resume=lambda step: self.progress.say(
                                     f"SFT warm start{label}: resuming the stopped build at step {step} "
                                     f"(its progress: {partial_dir(out_dir)})"))
