@@ -11,3 +11,25 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         return text if "default" in text else super()._get_help_string(action)
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count that must be >= 1 (``--num-tasks``, ``--batch-size``): a clear error otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: use a number >= 1")
+    return value
+
+
+def first_eval_seeds(seeds: list[int], num_tasks: int | None, eval_set: str) -> list[int]:
+    """The first ``num_tasks`` of an evaluation set's seeds (None or 0: all of them).
+
+    Raises: ValueError when ``num_tasks`` is negative or more than the set holds (names the set's size)."""
+    if not num_tasks:
+        return list(seeds)
+    if not 1 <= num_tasks <= len(seeds):
+        raise ValueError(f"--num-tasks {num_tasks}: {eval_set} holds {len(seeds)} tasks; use 1..{len(seeds)}")
+    return list(seeds[:num_tasks])

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, positive_int  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None, help="base checkpoint dir or hub id (default: what the adapter recorded)")
     p.add_argument("--allow-base-mismatch", action="store_true", help="allow --base to differ from the recorded base")
     p.add_argument("--no-adapter", action="store_true", help="evaluate the base model without an adapter")
-    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: eval.num_tasks)")
-    p.add_argument("--batch-size", type=int, default=64, help="episodes per rollout batch")
+    p.add_argument("--num-tasks", type=positive_int, default=None,
+                   help="first N seeds of the eval set (default: eval.num_tasks)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="episodes per rollout batch")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: trainer.num_threads, else 1, as in training: "
                         "a tiny model ran ~20x slower with torch's default pool on a shared 2-core machine)")
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also evaluate the turned and mirrored images of the evaluation mazes that a seed "
                         "below --twin-seed-limit draws (VisGym; envs/visgym/maze.py dihedral_keys): does a failed "
                         "maze fail in every orientation, or only in the one held out?")
-    p.add_argument("--twin-seed-limit", type=int, default=6000,
+    p.add_argument("--twin-seed-limit", type=positive_int, default=6000,
                    help="seeds searched for twins (7x7: all 344 below 5,400; 9x9: about 7 per 6,000)")
     return p
 
@@ -128,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads or cfg.trainer.num_threads or 1)
     num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
-    seeds = env_spec.eval_seeds()
-    seeds = seeds[:num_tasks] if num_tasks else seeds
+    try:
+        seeds = first_eval_seeds(env_spec.eval_seeds(), num_tasks, env_spec.eval_set_name)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sampling = SamplingParams(temperature=cfg.rollout.eval_temperature, top_p=1.0, top_k=0,
                               max_new_tokens=cfg.rollout.max_new_tokens, n=1, seed=cfg.seed,
                               stop=stop_strings(cfg.rollout, env_spec))  # as the run's own evaluations

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, positive_int  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None, help="env.mode (interactive | plan)")
     p.add_argument("--max-turns", type=int, default=None, help="env.max_turns")
     p.add_argument("--parser", default=None, help="env.parser")
-    p.add_argument("--num-tasks", type=int, default=None, help="first N seeds of the eval set (default: eval.num_tasks, else all)")
+    p.add_argument("--num-tasks", type=positive_int, default=None, help="first N seeds of the eval set (default: eval.num_tasks, else all)")
     p.add_argument("--seeds", default=None, help="comma-separated task seeds instead of the eval set")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per turn (default: rollout.max_new_tokens)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="base sampling seed (per request seeds derive from it)")
-    p.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="episodes in flight")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
     return p
@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env
     from rlkit.serve.play import PlayError, play
 
+    if args.run and not (Path(args.run) / ".hydra" / "overrides.yaml").is_file():
+        print(f"error: --run {args.run}: not a run folder (no .hydra/overrides.yaml); give the folder train.py "
+              "wrote (outputs/<date>/<time>, or its hydra.run.dir), or leave --run out", file=sys.stderr)
+        return 2
     overrides = list(args.overrides)
     for key in ("variant", "mode", "max_turns", "parser"):
         if getattr(args, key) is not None:
@@ -93,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     else:
         num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
-        seeds = env_spec.eval_seeds()
-        seeds = seeds[:num_tasks] if num_tasks else seeds
+        try:
+            seeds = first_eval_seeds(env_spec.eval_seeds(), num_tasks, env_spec.eval_set_name)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     max_tokens = args.max_tokens or int(cfg.rollout.max_new_tokens)
     key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
     client = openai.OpenAI(base_url=args.url, api_key=key or "EMPTY", timeout=args.timeout, max_retries=2)

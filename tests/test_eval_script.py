@@ -79,3 +79,21 @@ def test_a_fixed_image_control_run_is_evaluated_on_its_picture(capsys):
     first = blind.make().reset(blind.eval_seeds()[0])
     assert first.images[0].tobytes() == plain.make().reset(seed).images[0].tobytes()
     assert f"task {seed}'s first observation" in capsys.readouterr().out
+
+
+def test_task_counts_are_checked_before_any_work():
+    import argparse
+
+    import pytest
+
+    from rlkit.cli import first_eval_seeds, positive_int
+
+    assert first_eval_seeds([5, 6, 7], 2, "set") == [5, 6] and first_eval_seeds([5, 6, 7], None, "set") == [5, 6, 7]
+    with pytest.raises(ValueError, match="set holds 3 tasks; use 1..3"):
+        first_eval_seeds([5, 6, 7], 4, "set")  # silently 3 before
+    with pytest.raises(ValueError, match="use 1..3"):
+        first_eval_seeds([5, 6, 7], -1, "set")  # seeds[:-1] before: all but the last
+    for bad in ("0", "-3", "two"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_int(bad)
+    assert positive_int("16") == 16
