@@ -18,16 +18,26 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from rlkit.checkpoint import CheckpointError
     from rlkit.run import ConfigError, run
 
     try:
         return run(cfg)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records the failure and the sweep summary shows it
-        # a bad setting is the user's to fix: the message, not a traceback through rlkit
-        print(f"[rlkit] config error: {e}", file=sys.stderr)
+        # a bad setting or a refused resume is the user's to fix: the message (also in the run folder's
+        # error.txt, with its traceback), not a traceback through rlkit
+        kind = "config error" if isinstance(e, ConfigError) else "checkpoint error"
+        print(f"[rlkit] {kind}: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        out = HydraConfig.get().runtime.output_dir
+        print(f"\n[rlkit] stopped (Ctrl-C). To go on from its last checkpoint (or a one-time build from its last "
+              f"save), rerun the same command with hydra.run.dir={out}", file=sys.stderr)
+        sys.exit(130)
 
 
 def _flags_first(argv: list[str]) -> list[str]:

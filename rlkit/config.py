@@ -378,7 +378,7 @@ RANGES: dict[str, Range] = {
     "seed": _SEED,
     "lr": Range(0, lo_open=True),
     "steps": Range(0, integer=True, note="0 = only the warm start and the evaluation"),
-    "group_size": Range(1, integer=True),
+    "group_size": Range(2, integer=True, note="GRPO scores each sample against its group's other samples"),
     "tasks_per_step": Range(1, integer=True),
     "control": Range(choices=("fixed_image", "shuffled_reward"), none=True,
                      note="null = the real run; a control cannot learn from its observations (rlkit/controls.py)"),

@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -185,10 +188,70 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
 ERROR_FILE = "error.txt"
 
 
+#: Where a run folder keeps a copy of the Hydra record (``.hydra/*.yaml``) of the last run it accepted.
+ACCEPTED_SUBDIR = "accepted"
+_accepted: set[str] = set()  # run folders (realpath) whose current attempt has been accepted, in this process
+
+
+def _hydra_record_dir(out: Path) -> Path | None:
+    """The run's Hydra record folder (``hydra.output_subdir``, ``.hydra`` by default), or None without one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sub = HydraConfig.get().output_subdir
+    except Exception:  # noqa: BLE001 - outside a Hydra run (tests, launchers calling run() directly)
+        sub = ".hydra"
+    return None if sub is None else out / sub
+
+
+def accept_run_config(out: Path | None) -> None:
+    """Record that this attempt of the run in ``out`` was accepted (its config checked, a resume allowed):
+    copy its Hydra record (``.hydra/{config,hydra,overrides}.yaml``) to ``.hydra/accepted/``, atomically.
+
+    Hydra writes ``.hydra/`` before the job starts, so a later attempt in the same folder that is refused
+    (a resume that would change the experiment, a bad value) has overwritten it with settings that never
+    ran; ``run`` then puts this copy back, and the folder's record again says what its checkpoints hold
+    (scripts/eval.py, route_errors.py and report.py read it). Idempotent within an attempt."""
+    if out is None:
+        return
+    record = _hydra_record_dir(out)
+    key = os.path.realpath(out)
+    if key in _accepted or record is None or not record.is_dir():
+        _accepted.add(key)
+        return
+    import shutil
+
+    tmp = record / f".{ACCEPTED_SUBDIR}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in record.glob("*.yaml"):
+        shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(record / ACCEPTED_SUBDIR, ignore_errors=True)
+    os.replace(tmp, record / ACCEPTED_SUBDIR)
+    _accepted.add(key)
+
+
+def _restore_accepted_config(out: Path) -> bool:
+    """Put the last accepted attempt's Hydra record back over this refused attempt's; True if there was one."""
+    record = _hydra_record_dir(out)
+    saved = record / ACCEPTED_SUBDIR if record is not None else None
+    if saved is None or not saved.is_dir():
+        return False
+    import shutil
+
+    for f in saved.glob("*.yaml"):
+        tmp = record / f".{f.name}.tmp"
+        shutil.copy2(f, tmp)
+        os.replace(tmp, record / f.name)
+    return True
+
+
 def run(cfg: DictConfig) -> dict:
     """Run one job with the configured backend; returns the job's result dict (also result.json).
 
-    Holds the run folder's lock (rlkit.run_lock) for the whole job.
+    Holds the run folder's lock (rlkit.run_lock) for the whole job. An attempt refused before the backend
+    accepts it (``accept_run_config``; a ConfigError or CheckpointError: a bad value, a resume that would
+    change the experiment) leaves the folder's Hydra record as the last accepted attempt wrote it.
 
     Raises: RunFolderBusyError (a ConfigError) when another live run holds the folder; whatever the
     job raised, after writing it to ``<paths.output_dir>/error.txt``.
@@ -203,12 +266,21 @@ def run(cfg: DictConfig) -> dict:
     with run_lock.locked(out) if out is not None else contextlib.nullcontext():
         if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
             (out / ERROR_FILE).unlink(missing_ok=True)
+        if out is not None:
+            _accepted.discard(os.path.realpath(out))
         try:
             check_top_level_keys(cfg)
             backend = instantiate_plugin(cfg.backend, "backend")
-            return backend.run(cfg)
+            result = backend.run(cfg)
+            accept_run_config(out)  # a backend that does not accept early (its run is done)
+            return result
         except Exception as e:
+            from rlkit.checkpoint import CheckpointError
+
             e = _explain_disk_full(e)
+            if (out is not None and isinstance(e, (ConfigError, CheckpointError))
+                    and os.path.realpath(out) not in _accepted and _restore_accepted_config(out)):
+                log.info("this attempt was refused; %s keeps the Hydra record of the run it holds", out)
             _write_error(cfg, e)
             raise e
 

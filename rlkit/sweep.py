@@ -16,11 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlkit.run import ERROR_FILE
 
 COLUMNS = ["job", "swept", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
+
+
+def swept_keys(sweep_dir: Path) -> set[str]:
+    """The config keys (or groups) the sweep that Hydra launched into ``sweep_dir`` sweeps: its command-line
+    overrides with several values (``lr=1e-5,3e-5``, ``range(...)``, ``choice(...)``), read from the
+    ``multirun.yaml`` Hydra writes there at the sweep's start. Empty when there is none or it cannot be read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        task = OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra.overrides.task
+        overrides = OverridesParser.create().parse_overrides([str(o) for o in task])
+    except Exception:  # noqa: BLE001 - no sweep record: nothing to compare against
+        return set()
+    return {o.key_or_group for o in overrides if o.is_sweep_override()}
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -30,12 +44,17 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     for d in sorted(job_dirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
         overrides = _overrides(d)
         res_path = d / "result.json"
+        err = d / ERROR_FILE
         if res_path.is_file():
             res = json.loads(res_path.read_text())
+            status = res.get("status", "completed")
+            if err.is_file():  # this attempt failed (a run removes error.txt when it starts): the result is an earlier one's
+                first = err.read_text(errors="replace").splitlines()[0][:120] if err.stat().st_size else ""
+                status = f"failed: {first} (the numbers are the earlier run's)"
             rows.append({
                 "job": d.name,
                 "overrides": overrides,
-                "status": res.get("status", "completed"),
+                "status": status,
                 "success_before": res.get("eval_success_before"),
                 "success_after": res.get("eval_success_after"),
                 "steps": res.get("steps_completed"),
@@ -43,7 +62,6 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "output_dir": str(d),
             })
         else:
-            err = d / ERROR_FILE
             first = err.read_text(errors="replace").splitlines()[0][:120] if err.is_file() else ""
             status = f"failed: {first}" if first else "failed (no result.json)"
             rows.append({"job": d.name, "overrides": overrides, "status": status,

@@ -207,6 +207,10 @@ class NativeRun:
         if self.sft_cfg.enabled or self.grounding_cfg.enabled:
             # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds, not after
             self._check_answer_fits(self._tokenizer_before_builds())
+        if not self._start_chain:  # the job itself (not a warm start it builds first): its config is accepted
+            from rlkit.run import accept_run_config
+
+            accept_run_config(self.out)
         # the builds (grounding, warm start) run here alone, before any worker starts, on trainer.build_threads
         torch.set_num_threads(build_threads(self.trainer.build_threads))
         try:
@@ -276,6 +280,7 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        problems += self._policy_problems()
         if not cfg.policy.get("lora", {}).get("enabled", True):
             problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
                             "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
@@ -306,7 +311,7 @@ class NativeRun:
                             "are part of each kept group of group_size); use 0 (off)"
                             + (f" or 2..{cfg.group_size - 1}" if cfg.group_size > 2 else " or group_size >= 3"))
         m = self.algo.demo_max_successes
-        if m >= cfg.group_size:
+        if m >= cfg.group_size >= 2:  # (a group_size below 2 is refused by its own range)
             problems.append(f"algorithm.demo_max_successes={m}: a group of group_size={cfg.group_size} with that many "
                             "successes has nothing left to demonstrate; use 0 (only all-fail tasks) .. "
                             f"{cfg.group_size - 1}")
@@ -331,8 +336,35 @@ class NativeRun:
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
-        if cfg.group_size == 1:
-            log.warning("group_size=1: every group-relative advantage is 0, so GRPO updates nothing; use G >= 2")
+
+    def _policy_problems(self) -> list[str]:
+        """What is wrong with ``policy`` (rlkit.policy.PolicyConfig.validate: dtype, device, LoRA and tiny sizes,
+        unknown keys; a CUDA device torch does not see; image pixel bounds that exclude each other), found
+        before any build: load_policy would find it only once the grounding stage or warm start began."""
+        from rlkit.policy.policy import PolicyConfig
+
+        node = OmegaConf.to_container(self.cfg.policy, resolve=True)
+        if node.get("_target_") != "rlkit.policy.load_policy":
+            return []  # another policy plug-in checks its own settings
+        try:
+            pc = PolicyConfig.from_dict(node)
+        except (ValueError, TypeError) as e:
+            return [str(e)]
+        problems = []
+        if pc.device.startswith("cuda") and not torch.cuda.is_available():
+            problems.append(f"policy.device={pc.device}: torch sees no CUDA device here; use policy.device=auto "
+                            "(cuda when there is one, else cpu) or cpu")
+        for where, lo, hi in (("policy", pc.image_min_pixels, pc.image_max_pixels),
+                              ("policy.tiny", getattr(pc.tiny, "image_min_pixels", None),
+                               getattr(pc.tiny, "image_max_pixels", None))):
+            if lo is not None and hi is not None and lo > hi:
+                problems.append(f"{where}.image_min_pixels={lo} > {where}.image_max_pixels={hi}: the image "
+                                "processor's resize bounds exclude each other; raise the max or lower the min")
+        if pc.tiny is not None and pc.image_max_pixels is not None and pc.image_min_pixels is None \
+                and pc.tiny.image_min_pixels > pc.image_max_pixels:
+            problems.append(f"policy.image_max_pixels={pc.image_max_pixels} is below the tiny build's "
+                            f"policy.tiny.image_min_pixels={pc.tiny.image_min_pixels}; raise it or lower that")
+        return problems
 
     def _grounded_base(self) -> str | None:
         """Path of the visually grounded base checkpoint (rlkit.grounding), built when missing.
@@ -633,6 +665,7 @@ class NativeRun:
         """Load the checkpoint at ``path`` (from ``_resume_path``, checked by ``_check_same_experiment``), or start fresh."""
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
+            self._clear_earlier_run()
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
         changes = self._check_same_experiment(path)  # the changed resumable keys (refusals were raised in setup)
@@ -657,6 +690,28 @@ class NativeRun:
         self.progress.say(f"resuming from {path} at step {self.state.step}")
         self._apply_resume_changes(path, changes)
 
+    #: What a run writes into its folder besides its logs and Hydra record: an earlier run's, on a fresh start there.
+    EARLIER_RUN_OUTPUTS = ("checkpoints", "eval", "exports", "adapter", "result.json", "resumes.jsonl")
+
+    def _clear_earlier_run(self) -> None:
+        """Remove what an earlier run in this folder left (``EARLIER_RUN_OUTPUTS``) before this one starts fresh
+        there: its checkpoints (only present under ``trainer.overwrite=true``, which asks for this; otherwise
+        only unfinished ones), evaluations, exports, adapter, result and resume record. Kept, they would be
+        read as this run's: checkpoint pruning keeps the newest step numbers (the earlier run's), and
+        scripts/route_errors.py and report.py list every eval/*.json."""
+        removed = []
+        for name in self.EARLIER_RUN_OUTPUTS:
+            p = self.out / name
+            if p.is_symlink() or p.is_file():
+                p.unlink()
+            elif p.is_dir():
+                shutil.rmtree(p)
+            else:
+                continue
+            removed.append(name)
+        if removed:
+            self.progress.say(f"starting over in {self.out}: removed the earlier run's {', '.join(removed)}")
+
     def _check_same_experiment(self, path: Path) -> dict[str, tuple[Any, Any]]:
         """Compare this run's config with the checkpoint's; returns the changed RESUMABLE_KEYS leaves
         as {dotted key: (checkpoint value, new value)}.
@@ -673,7 +728,38 @@ class NativeRun:
                 f"On resume only these may change: {', '.join(RESUMABLE_KEYS)}. Restore the others, or start a "
                 f"new run (another hydra.run.dir, or trainer.resume_mode=none trainer.overwrite=true)."
             )
+        self._check_sweep_resume(path, changes)
         return changes
+
+    def _check_sweep_resume(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:
+        """In a sweep (``-m``), refuse a resume that changes a key this sweep sweeps, even a resumable one.
+
+        Hydra matches a sweep's jobs to folders by job number, so a sweep run again into the same
+        ``hydra.sweep.dir`` with another value list (one added, another order) would hand job 0's folder,
+        trained at ``lr=1e-5``, the value ``lr=1e-4``: it would resume with nothing left to train and be listed
+        under the new value. Raises CheckpointError naming the key, both values and the fix."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from rlkit.sweep import swept_keys
+
+        try:
+            hc = HydraConfig.get()
+            if hc.mode != RunMode.MULTIRUN:
+                return
+            swept = swept_keys(Path(hc.sweep.dir))
+        except Exception:  # noqa: BLE001 - not a Hydra multirun (tests, launchers calling run() directly)
+            return
+        clash = sorted(k for k in changes if any(k == s or k.startswith(s + ".") for s in swept))
+        if clash:
+            shown = ", ".join(f"{k}={changes[k][0]!r}" for k in clash)
+            now = ", ".join(f"{k}={changes[k][1]!r}" for k in clash)
+            raise ckpt.CheckpointError(
+                f"cannot resume {self.out} in this sweep: that folder's run has {shown} ({path}), and this sweep "
+                f"gives its job {now}. Hydra matches a sweep's jobs to folders by number, so a sweep with other "
+                "values (one added, another order) would relabel finished runs. Run the new values into a new "
+                "hydra.sweep.dir, or repeat the earlier sweep's values to resume it."
+            )
 
     def _apply_resume_changes(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:
         """Make the resumed run use its new settings (RESUMABLE_KEYS) and record them in resumes.jsonl.

@@ -150,8 +150,8 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
     _check_unsupported(algo, trainer, sft, eval_cfg, steps, group_size, problems)
     if cfg.get("control") is not None:
-        problems.append(f"control={cfg.control}: control runs are built by backend=native (fixed_image, "
-                        "shuffled_reward) and backend=native_ray (shuffled_reward); run the control there")
+        problems.append(f"control={cfg.control}: control runs (fixed_image, shuffled_reward) are built by "
+                        "backend=native, native_ray and native_ray_ddp; run the control there")
     env_spec, task = _env_and_reward(cfg)
     policy = _policy(cfg, problems)
     project, run_name, logger_name, skyrl_logger, env_vars = _logger(cfg, settings, problems)

@@ -1,0 +1,77 @@
+"""A rerun into a run's folder keeps the folder's record true: a refused attempt leaves the Hydra record of the
+run the folder holds, a sweep run again with other values does not relabel finished jobs, and a fresh start
+over an earlier run (trainer.overwrite=true) leaves none of that run's checkpoints or evaluations behind."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# the GRPO smoke job without its one-time builds: a few seconds a run
+FAST = ["experiment=smoke", "logger=console", "sft.enabled=false", "grounding.enabled=false"]
+
+
+def _train(args, tmp_path, ok=True):
+    env = dict(os.environ, RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _overrides(run: Path, sub: str = "") -> list[str]:
+    return yaml.safe_load((run / ".hydra" / sub / "overrides.yaml").read_text())
+
+
+def test_a_refused_resume_keeps_the_runs_record_and_a_fresh_start_clears_the_earlier_run(tmp_path):
+    run = tmp_path / "run"
+    _train([*FAST, "steps=2", f"hydra.run.dir={run}"], tmp_path)
+    config = (run / ".hydra" / "config.yaml").read_text()
+    assert _overrides(run, "accepted") == _overrides(run)  # the accepted attempt's record is kept aside
+
+    refused = _train([*FAST, "steps=2", "seed=3", f"hydra.run.dir={run}"], tmp_path, ok=False)
+    assert refused.returncode == 1 and "[rlkit] checkpoint error: cannot resume" in refused.stderr
+    assert "seed (0 -> 3)" in refused.stderr and "Traceback" not in refused.stderr
+    # Hydra wrote seed=3 into .hydra/ before the job started; the refused attempt put the record back
+    assert (run / ".hydra" / "config.yaml").read_text() == config and "seed=3" not in _overrides(run)
+    assert "cannot resume" in (run / "error.txt").read_text()  # what the last attempt did, for the sweep table
+
+    _train([*FAST, "steps=3", f"hydra.run.dir={run}"], tmp_path)  # a resumable change: accepted
+    assert "steps=3" in _overrides(run) and "steps=3" in _overrides(run, "accepted")
+    assert not (run / "error.txt").exists() and (run / "resumes.jsonl").is_file()
+    assert json.loads((run / "result.json").read_text())["steps_completed"] == 3
+
+    # start over there: nothing of the 3-step run may stay to be read as this run's
+    fresh = _train([*FAST, "steps=1", "trainer.resume_mode=none", "trainer.overwrite=true", f"hydra.run.dir={run}"],
+                   tmp_path)
+    assert "removed the earlier run's checkpoints, eval, adapter, result.json, resumes.jsonl" in fresh.stdout
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_000001"]
+    assert not (run / "resumes.jsonl").exists()
+    assert json.loads((run / "result.json").read_text())["steps_completed"] == 1
+
+
+def test_a_sweep_run_again_with_other_values_does_not_relabel_its_finished_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    _train(["-m", *FAST, "lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"], tmp_path)
+    before = {job: json.loads((sweep / job / "result.json").read_text()) for job in ("0", "1")}
+
+    # one value added in front: Hydra hands job 0's folder (lr=1e-3) the value 5e-3, and job 1's 1e-3
+    again = _train(["-m", *FAST, "lr=5e-3,1e-3,2e-3", f"hydra.sweep.dir={sweep}"], tmp_path, ok=False)
+    assert "in this sweep: that folder's run has lr=0.001" in again.stderr + again.stdout
+    rows = {r["job"]: r for r in json.loads((sweep / "sweep_summary.json").read_text())}
+    for job, lr in (("0", "lr=0.001"), ("1", "lr=0.002")):
+        assert lr in rows[job]["overrides"]  # the folder's record still names what it trained with
+        assert rows[job]["status"].startswith("failed: CheckpointError: cannot resume")
+        assert rows[job]["status"].endswith("(the numbers are the earlier run's)")
+        assert json.loads((sweep / job / "result.json").read_text()) == before[job]
+    assert rows["2"]["status"] == "completed" and "lr=0.002" in rows["2"]["overrides"]
+
+    # the same values again resume (here: nothing left to train) and are listed as before
+    _train(["-m", *FAST, "lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"], tmp_path)
+    rows = {r["job"]: r for r in json.loads((sweep / "sweep_summary.json").read_text())}
+    assert rows["0"]["status"] == "completed" and "lr=0.001" in rows["0"]["overrides"]
