@@ -33,3 +33,14 @@ def first_eval_seeds(seeds: list[int], num_tasks: int | None, eval_set: str) -> 
     if not 1 <= num_tasks <= len(seeds):
         raise ValueError(f"--num-tasks {num_tasks}: {eval_set} holds {len(seeds)} tasks; use 1..{len(seeds)}")
     return list(seeds[:num_tasks])
+
+
+def port(text: str) -> int:
+    """argparse ``type`` for a TCP port: 0 (any free port) .. 65535, a clear error otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value}: a port is 0..65535")
+    return value

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.visgym.parsers import make_parser  # noqa: E402
+from envs.visgym.parsers import PARSER_NAMES, make_parser  # noqa: E402
 from envs.visgym.route_errors import ERROR_KINDS, first_route_error, needs_detour  # noqa: E402
 from envs.visgym.maze import VARIANT_SIZES  # noqa: E402
 
@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("path", help="a run folder (its eval/*.json) or one eval json")
     ap.add_argument("--variant", choices=sorted(VARIANT_SIZES),
                     help="the maze variant (env.variant); default: the run's .hydra/config.yaml, else easy")
-    ap.add_argument("--parser", help="the plan parser (env.parser); default: the run's config, else plan")
+    ap.add_argument("--parser", choices=list(PARSER_NAMES),
+                    help="the plan parser (env.parser); default: the run's config, else plan")
     args = ap.parse_args()
     path = Path(args.path)
     if not path.exists():
@@ -92,7 +93,11 @@ def main() -> None:
     for i, f in enumerate(files):
         if f.stem.startswith("seen_") and (i == 0 or not files[i - 1].stem.startswith("seen_")):
             print("trained-on tasks (eval.seen_tasks):")
-        s = summarize(json.loads(f.read_text()), variant, parser_name)
+        try:
+            outcomes = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            sys.exit(f"route_errors: {f} is not an evaluation json ({e}); give a run folder or one of its eval/*.json")
+        s = summarize(outcomes, variant, parser_name)
         pos = "-" if s["mean_error_position"] is None else f"{s['mean_error_position']:.1f}"
         print(f"{f.name:<22} {s['failed']:>4}/{s['tasks']:<4} "
               + " ".join(f"{s['kinds'].get(c, 0):>13}" for c in cols) + f"  {pos:>35}  {s['detours_failed']}/{s['detours']}")

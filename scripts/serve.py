@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+from rlkit.cli import DefaultsHelpFormatter, port  # noqa: E402
 
 from rlkit.serve.protocol import ServeLimits  # noqa: E402  (light: pydantic + PIL)
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-base-mismatch", action="store_true", help="allow --base to differ from the recorded base")
     p.add_argument("--base-name", default="base", help="served name of the base model (adapter disabled)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="require 'Authorization: Bearer $VAR' on /v1 routes (the key is read from this env variable)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)

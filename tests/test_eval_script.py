@@ -97,3 +97,21 @@ def test_task_counts_are_checked_before_any_work():
         with pytest.raises(argparse.ArgumentTypeError):
             positive_int(bad)
     assert positive_int("16") == 16
+    from rlkit.cli import port
+
+    assert port("0") == 0 and port("8000") == 8000
+    for bad in ("99999", "-1", "http"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            port(bad)  # serve.py --port 99999 was an OverflowError from the socket
+
+
+def test_route_errors_refuses_what_is_not_an_evaluation(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "route_errors.py"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "metrics.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "is not an evaluation json" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), "--parser", "nosuch"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid choice: 'nosuch'" in proc.stderr
