@@ -180,6 +180,49 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
             cls = _typed_group(known[part])
             if cls is None:
                 break
+    typed = {f.name for f in fields(TrainConfig) if _typed_group(f) is not None}
+    return out + _unknown_group_keys(overrides, groups, groups - typed - {"hydra"}, conf_dir)
+
+
+def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str], conf_dir: str | Path) -> list[str]:
+    """``unknown_override_keys`` for keys inside the untyped groups (``env.wall_mov``, ``policy.tiny.text_layer``):
+    composed with the run's group choices (and no key overrides), a key the chosen options do not have is named
+    with the closest sibling. [] when nothing is set inside such a group, or when the choices do not compose
+    (Hydra's own message then says why)."""
+    import difflib
+
+    from hydra.core.override_parser.types import OverrideType
+
+    inside = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None
+              and "." in o.key_or_group and o.key_or_group.split(".")[0] in untyped]
+    if not inside:
+        return []
+    # the group choices (`env=visgym`, `experiment=smoke`): what decides which keys the groups hold
+    picks = [o for o in overrides if o.key_or_group.split("/")[0] in groups - {"hydra"} and "." not in o.key_or_group]
+    if any(o.is_sweep_override() for o in picks):
+        return []  # `-m env=a,b`: each job holds other keys; Hydra checks each job's
+    choices = [o.input_line for o in picks]
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import rlkit.config  # noqa: F401  (registers the schema)
+
+    if GlobalHydra.instance().is_initialized():
+        return []  # inside a Hydra app: its config is composed already, and Hydra checks it
+    try:
+        with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):  # cleared on exit
+            cfg = compose(config_name="train", overrides=choices)
+    except Exception:  # noqa: BLE001 - Hydra reports what does not compose
+        return []
+    out = []
+    for o in inside:
+        parent, _, leaf = o.key_or_group.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None)
+        if not OmegaConf.is_dict(node) or leaf in node:
+            continue  # a key inside a list or a value Hydra checks itself; or a key that exists
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
+        out.append(o.key_or_group + (f" (did you mean {parent}.{close[0]}?)" if close else
+                                     f" ({parent} has {', '.join(sorted(str(k) for k in node.keys()))})"))
     return out
 
 

@@ -221,6 +221,11 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
         "sted (did you mean seed?)",
         "zzzz",
     ]
+    # keys inside the untyped groups, checked against the options chosen (here env=visgym, experiment=long_demo)
+    assert unknown_override_keys([*argv, "env.wall_mov=stay", "policy.tiny.text_layer=2", "-m", "lr=1e-3,2e-3"], conf)[5:] \
+        == ["env.wall_mov (did you mean env.wall_move?)", "policy.tiny.text_layer (did you mean policy.tiny.text_layers?)"]
+    # a sweep over the options themselves: each job holds other keys, so Hydra checks them per job
+    assert unknown_override_keys(["-m", "env=visgym,visgym_small", "env.wall_mov=stay"], conf) == []
     proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "algorithm.demo_cof=0.3"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
