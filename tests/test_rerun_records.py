@@ -70,8 +70,3 @@ def test_a_sweep_run_again_with_other_values_does_not_relabel_its_finished_jobs(
         assert rows[job]["status"].endswith("(the numbers are the earlier run's)")
         assert json.loads((sweep / job / "result.json").read_text()) == before[job]
     assert rows["2"]["status"] == "completed" and "lr=0.002" in rows["2"]["overrides"]
-
-    # the same values again resume (here: nothing left to train) and are listed as before
-    _train(["-m", *FAST, "lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"], tmp_path)
-    rows = {r["job"]: r for r in json.loads((sweep / "sweep_summary.json").read_text())}
-    assert rows["0"]["status"] == "completed" and "lr=0.001" in rows["0"]["overrides"]
