@@ -35,8 +35,9 @@ def main(cfg: DictConfig) -> dict:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         out = HydraConfig.get().runtime.output_dir
-        print(f"\n[rlkit] stopped (Ctrl-C). To go on from its last checkpoint (or a one-time build from its last "
-              f"save), rerun the same command with hydra.run.dir={out}", file=sys.stderr)
+        print(f"\n[rlkit] stopped (Ctrl-C). To go on from its last checkpoint (a one-time build: from its last "
+              f"save), rerun with hydra.run.dir={out} trainer.resume_mode=latest (the default; without "
+              "trainer.overwrite=true or trainer.resume_path, which would start over)", file=sys.stderr)
         sys.exit(130)
 
 

@@ -267,7 +267,7 @@ def train_grounding(
             per_token = token_hits(policy, val_items)
             table = accuracy_table(val_items, [all(h) for h in per_token], per_token)
             history.append({"step": step, "phase": phase, "loss": float(loss.detach()), "accuracy": table,
-                            "wall_time_s": time.time() - t0})
+                            "wall_time_s": elapsed + time.time() - t0})
         if progress is not None:
             progress(step, cfg.max_steps, float(loss.detach()), table)
         if checked and phase + 1 < len(phases) and all(table.get(t, 0.0) >= cfg.advance_accuracy for t in tasks):
@@ -283,7 +283,7 @@ def train_grounding(
     if resumed_at:
         summary["resumed_at"] = resumed_at
     if out_dir is not None:
-        summary["build"] = build_record(build)
+        summary["build"] = build_record(build, policy)
         save_stage(policy, out_dir, "grounding_summary.json", summary)
         shutil.rmtree(partial, ignore_errors=True)
     return summary

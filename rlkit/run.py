@@ -269,8 +269,11 @@ def accept_run_config(out: Path | None) -> None:
     tmp.mkdir()
     for f in record.glob("*.yaml"):
         shutil.copy2(f, tmp / f.name)
-    shutil.rmtree(record / ACCEPTED_SUBDIR, ignore_errors=True)
+    previous = record / f".{ACCEPTED_SUBDIR}.old-{os.getpid()}"
+    if (record / ACCEPTED_SUBDIR).is_dir():
+        os.replace(record / ACCEPTED_SUBDIR, previous)  # a crash from here on still leaves one of the two
     os.replace(tmp, record / ACCEPTED_SUBDIR)
+    shutil.rmtree(previous, ignore_errors=True)
     _accepted.add(key)
 
 
@@ -315,8 +318,6 @@ def run(cfg: DictConfig) -> dict:
             check_top_level_keys(cfg)
             backend = instantiate_plugin(cfg.backend, "backend")
             result = backend.run(cfg)
-            accept_run_config(out)  # a backend that does not accept early (its run is done)
-            return result
         except Exception as e:
             from rlkit.checkpoint import CheckpointError
 
@@ -326,6 +327,11 @@ def run(cfg: DictConfig) -> dict:
                 log.info("this attempt was refused; %s keeps the Hydra record of the run it holds", out)
             _write_error(cfg, e)
             raise e
+        try:
+            accept_run_config(out)  # a backend that does not accept early: its run is done
+        except OSError as e:  # the run itself succeeded; only the copy of its record did not
+            log.warning("could not keep a copy of the run's Hydra record in %s: %s", out, e)
+        return result
 
 
 class DiskFullError(OSError):

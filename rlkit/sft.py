@@ -115,18 +115,19 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def build_record(build: dict[str, Any] | None) -> dict[str, Any]:
+def build_record(build: dict[str, Any] | None, policy: Any = None) -> dict[str, Any]:
     """What a one-time build's summary keeps of how it was built (``build`` in sft_summary.json and
     grounding_summary.json, listed by scripts/cache.py): the caller's ``build`` (stage, the checkpoint it
     started from, ``inputs``: ``cache_key_inputs``, and with them ``key``), plus the torch version, its
-    intra-op thread count, the device and CPU, and the UTC time it finished: a bf16 build rounds differently
-    on another CPU or thread count, so the same key can hold other weights elsewhere."""
+    intra-op thread count, the device ``policy``'s weights are on (its GPU's name; else cpu) and the CPU, and the
+    UTC time it finished: a bf16 build rounds differently on another CPU or thread count, so the same key can hold
+    other weights elsewhere. (A resumed build records the machine of its last part.)"""
     record = dict(build or {})
     if "inputs" in record:
         record["key"] = cache_key_of(record["inputs"])
-    cuda = torch.cuda.is_available()
+    device = next(policy.model.parameters()).device if policy is not None else torch.device("cpu")
     record.update({"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                   "device": torch.cuda.get_device_name(0) if cuda else "cpu", "cpu": _cpu_name(),
+                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "cpu": _cpu_name(),
                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return json.loads(json.dumps(record, default=str))
 
@@ -524,7 +525,7 @@ def train_sft(
                "wall_time_s": elapsed + time.time() - t0, "history": history}
     if resumed_at:
         summary["resumed_at"] = resumed_at
-    summary["build"] = build_record(build)
+    summary["build"] = build_record(build, policy)
     save_stage(policy, out_dir, "sft_summary.json", summary)
     shutil.rmtree(partial, ignore_errors=True)
     return summary

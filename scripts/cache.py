@@ -13,10 +13,11 @@ older builds show ``-`` there. A build stopped part-way keeps its progress in ``
 that needs it resumes it (README, "Around a run").
 
 Leftovers that ``--prune`` removes: a ``.partial`` folder beside its finished build (the build was killed as
-it finished), a ``.tmp-<pid>`` folder whose process is gone (killed while saving), and the ``.lock`` file of a
-build that no longer exists. A stopped build's progress is kept unless ``--stopped-older-than DAYS`` says how
-stale is stale: it is a build some config can still resume, and only you know whether that config is coming
-back. Nothing held by a running build (its lock taken) is touched.
+it finished) and a ``.tmp-<pid>`` folder whose process is gone (killed while saving). A stopped build's progress
+is kept unless ``--stopped-older-than DAYS`` says how stale is stale: it is a build some config can still
+resume, and only you know whether that config is coming back. Each removal holds the build's lock (the one a
+job building that key takes), so nothing a running job uses is touched; ``.lock`` files (empty) are never
+removed, and neither is anything rlkit did not write (listed as ``foreign``) or a symbolic link.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Entry:
 
     kind: str  # grounding | sft
     key: str
-    state: str  # built | stopped | building | leftover
+    state: str  # built | stopped | building | leftover | foreign
     path: Path
     size: int  # bytes
     mtime: float
@@ -54,9 +55,14 @@ class Entry:
 
 
 def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes under ``path``; files that vanish meanwhile (a build renaming its save) count 0."""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size if p.is_file() and not p.is_symlink() else 0
+        except OSError:
+            return 0
+
+    return size(path) if not path.is_dir() else sum(size(p) for p in path.rglob("*"))
 
 
 def _locked(lock: Path) -> bool:
@@ -99,8 +105,8 @@ def scan(cache: Path) -> list[Entry]:
                     out.append(Entry(kind, key, "built", path, _size(path), built.stat().st_mtime,
                                      json.loads(built.read_text())))
                 else:
-                    out.append(Entry(kind, key, "leftover", path, _size(path), path.stat().st_mtime,
-                                     note="a folder without its summary (not a build rlkit wrote)"))
+                    out.append(Entry(kind, key, "foreign", path, _size(path), path.stat().st_mtime,
+                                     note="a folder without a build summary: not a build rlkit wrote (never pruned)"))
             elif suffix == "partial":
                 state_file = path / "state.pt"
                 mtime = (state_file if state_file.is_file() else path).stat().st_mtime
@@ -114,10 +120,6 @@ def scan(cache: Path) -> list[Entry]:
                 if pid.isdigit() and not _pid_alive(int(pid)):
                     out.append(Entry(kind, key, "leftover", path, _size(path), path.stat().st_mtime,
                                      note=f"a save cut short (process {pid} is gone)"))
-            elif suffix == "lock" and not (folder / key).exists() and not (folder / f"{key}.partial").exists():
-                if not _locked(path):
-                    out.append(Entry(kind, key, "leftover", path, 0, path.stat().st_mtime,
-                                     note="the lock of a build that does not exist"))
     return sorted(out, key=lambda e: e.mtime)
 
 
@@ -169,7 +171,8 @@ def list_entries(entries: list[Entry], cache: Path) -> None:
             try:
                 import torch
 
-                step = torch.load(e.path / "state.pt", map_location="cpu", weights_only=False)["step"]
+                # mmap: only the pages the step's pickle needs are read, not the saved weights and optimizer state
+                step = torch.load(e.path / "state.pt", map_location="cpu", weights_only=False, mmap=True)["step"]
             except Exception:  # noqa: BLE001 - an unreadable save is reported as such
                 step = "unreadable"
             print(f"{head}  stopped at step {step}" if e.state == "stopped" else f"{head}  at step {step} (running)")
@@ -189,19 +192,23 @@ def prune(entries: list[Entry], stopped_days: float | None, dry_run: bool) -> in
     now, freed = time.time(), 0
     for e in entries:
         stale_stop = (e.state == "stopped" and stopped_days is not None and now - e.mtime > stopped_days * 86400)
-        if e.state != "leftover" and not stale_stop:
+        if (e.state != "leftover" and not stale_stop) or e.path.is_symlink():
             continue
         lock = e.path.parent / f"{e.key}.lock"
-        if e.path.suffix != ".lock" and _locked(lock):
-            continue  # a build is running on it right now
         why = e.note or f"stopped {((now - e.mtime) / 86400):.1f} days ago"
-        print(f"{'would remove' if dry_run else 'removing'} {e.path} ({_fmt_size(e.size)}; {why})")
-        freed += e.size
-        if not dry_run:
-            if e.path.is_dir():
-                shutil.rmtree(e.path)
-            else:
-                e.path.unlink()
+        if dry_run:
+            if not _locked(lock):
+                print(f"would remove {e.path} ({_fmt_size(e.size)}; {why})")
+                freed += e.size
+            continue
+        with open(lock, "a") as fh:  # the lock a job building this key takes (rlkit.backends.native._file_lock)
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a job is building or resuming it right now
+            print(f"removing {e.path} ({_fmt_size(e.size)}; {why})")
+            freed += e.size
+            shutil.rmtree(e.path) if e.path.is_dir() else e.path.unlink()
     return freed
 
 

@@ -55,6 +55,8 @@ def cache(tmp_path):
     _partial(c, "sft", "dddd000000000004", 150)  # a stopped build some config can resume
     (c / "sft" / f"eeee000000000005.tmp-{_dead_pid()}").mkdir()  # a save cut short
     (c / "grounding" / "ffff000000000006.lock").touch()  # the lock of a build that does not exist
+    (c / "sft" / "mycheckpoint").mkdir()  # not rlkit's
+    (c / "sft" / "mycheckpoint" / "model.safetensors").write_bytes(b"mine")
     return c
 
 
@@ -69,8 +71,9 @@ def test_the_listing_names_each_build_what_built_it_and_the_leftovers(cache, cap
     assert "from -; built on -" in lines["sft/cccc000000000003"]  # built before the record existed
     assert "stopped at step 150" in lines["sft/dddd000000000004"]
     leftovers = [line for line in out.splitlines() if " leftover " in line]
-    assert len(leftovers) == 3 and any("progress of a build that finished" in x for x in leftovers)
-    assert any("a save cut short" in x for x in leftovers) and any("lock of a build" in x for x in leftovers)
+    assert len(leftovers) == 2 and any("progress of a build that finished" in x for x in leftovers)
+    assert any("a save cut short" in x for x in leftovers)
+    assert "not a build rlkit wrote" in lines["sft/mycheckpoint"]
 
 
 def test_show_prints_the_config_the_key_hashes(cache, capsys):
@@ -90,8 +93,8 @@ def test_prune_removes_leftovers_only_and_stale_stops_only_when_asked(cache, cap
     assert cache_script.main(["--cache-dir", str(cache), "--prune"]) == 0
     left = {p.name for p in (cache / "sft").iterdir()} | {p.name for p in (cache / "grounding").iterdir()}
     assert "bbbb000000000002.partial" not in left and not any(".tmp-" in n for n in left)
-    assert "ffff000000000006.lock" not in left
-    assert {"bbbb000000000002", "cccc000000000003", "aaaa000000000001", "dddd000000000004.partial"} <= left
+    assert {"bbbb000000000002", "cccc000000000003", "aaaa000000000001", "dddd000000000004.partial",
+            "mycheckpoint", "ffff000000000006.lock"} <= left  # what rlkit did not write, and locks, stay
 
     # a stopped build is removed only past --stopped-older-than, and never while a build holds its lock
     stopped = cache / "sft" / "dddd000000000004.partial"

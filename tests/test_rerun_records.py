@@ -46,13 +46,20 @@ def test_a_refused_resume_keeps_the_runs_record_and_a_fresh_start_clears_the_ear
     assert not (run / "error.txt").exists() and (run / "resumes.jsonl").is_file()
     assert json.loads((run / "result.json").read_text())["steps_completed"] == 3
 
-    # start over there: nothing of the 3-step run may stay to be read as this run's
+    # start over there: nothing of the 3-step run may stay to be read as this run's, and nothing else goes
+    (run / "eval" / "my_notes.md").write_text("mine")
     fresh = _train([*FAST, "steps=1", "trainer.resume_mode=none", "trainer.overwrite=true", f"hydra.run.dir={run}"],
                    tmp_path)
-    assert "removed the earlier run's checkpoints, eval, adapter, result.json, resumes.jsonl" in fresh.stdout
+    assert "removed the earlier run's checkpoints, eval, result.json, resumes.jsonl, adapter" in fresh.stdout
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_000001"]
-    assert not (run / "resumes.jsonl").exists()
+    assert not (run / "resumes.jsonl").exists() and (run / "eval" / "my_notes.md").read_text() == "mine"
     assert json.loads((run / "result.json").read_text())["steps_completed"] == 1
+
+    # checkpoints that no longer verify are not a reason to start over silently (and redo the run over its results)
+    (run / "checkpoints" / "step_000001" / "optimizer.pt").unlink()
+    damaged = _train([*FAST, "steps=1", f"hydra.run.dir={run}"], tmp_path, ok=False)
+    assert damaged.returncode == 1 and "none is usable" in damaged.stderr and "trainer.overwrite=true" in damaged.stderr
+    assert json.loads((run / "result.json").read_text())["steps_completed"] == 1 and (run / "adapter").is_dir()
 
 
 def test_a_sweep_run_again_with_other_values_does_not_relabel_its_finished_jobs(tmp_path):

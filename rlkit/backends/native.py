@@ -207,10 +207,6 @@ class NativeRun:
         if self.sft_cfg.enabled or self.grounding_cfg.enabled:
             # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds, not after
             self._check_answer_fits(self._tokenizer_before_builds())
-        if not self._start_chain:  # the job itself (not a warm start it builds first): its config is accepted
-            from rlkit.run import accept_run_config
-
-            accept_run_config(self.out)
         # the builds (grounding, warm start) run here alone, before any worker starts, on trainer.build_threads
         torch.set_num_threads(build_threads(self.trainer.build_threads))
         try:
@@ -338,8 +334,8 @@ class NativeRun:
                               f"{len(problems)} bad values: " + "; ".join(problems))
 
     def _policy_problems(self) -> list[str]:
-        """What is wrong with ``policy`` (rlkit.policy.PolicyConfig.validate: dtype, device, LoRA and tiny sizes,
-        unknown keys; a CUDA device torch does not see; image pixel bounds that exclude each other), found
+        """What is wrong with ``policy`` (rlkit.policy.PolicyConfig.validate: dtype, device name, LoRA and tiny
+        sizes, unknown keys; image pixel bounds that exclude each other), found
         before any build: load_policy would find it only once the grounding stage or warm start began."""
         from rlkit.policy.policy import PolicyConfig
 
@@ -350,10 +346,7 @@ class NativeRun:
             pc = PolicyConfig.from_dict(node)
         except (ValueError, TypeError) as e:
             return [str(e)]
-        problems = []
-        if pc.device.startswith("cuda") and not torch.cuda.is_available():
-            problems.append(f"policy.device={pc.device}: torch sees no CUDA device here; use policy.device=auto "
-                            "(cuda when there is one, else cpu) or cpu")
+        problems = []  # (the device is not checked here: backend=native_ray loads the policy on GPU workers)
         for where, lo, hi in (("policy", pc.image_min_pixels, pc.image_max_pixels),
                               ("policy.tiny", getattr(pc.tiny, "image_min_pixels", None),
                                getattr(pc.tiny, "image_max_pixels", None))):
@@ -654,6 +647,12 @@ class NativeRun:
                 raise ckpt.CheckpointError(f"trainer.resume_path={path} is not a usable checkpoint: {problem}")
         elif mode == "latest":
             path = ckpt.find_latest(self.ckpt_root)
+            unusable = sorted(self.ckpt_root.glob(f"{ckpt.PREFIX}*")) if path is None and self.ckpt_root.is_dir() else []
+            if unusable:  # an earlier run's checkpoints, none usable: starting fresh would redo (and overwrite) it
+                raise ckpt.CheckpointError(
+                    f"{self.ckpt_root} holds {len(unusable)} checkpoint(s) of an earlier run and none is usable "
+                    f"({unusable[-1].name}: {ckpt.verify(unusable[-1])}); repair or copy one back, or start that "
+                    "run over with trainer.resume_mode=none trainer.overwrite=true")
         elif mode == "none" and ckpt.complete_checkpoints(self.ckpt_root) and not self.trainer.overwrite:
             raise ckpt.CheckpointError(
                 f"{self.ckpt_root} already holds checkpoints and trainer.resume_mode=none; "
@@ -662,7 +661,13 @@ class NativeRun:
         return path
 
     def _resume(self, path: Path | None) -> None:
-        """Load the checkpoint at ``path`` (from ``_resume_path``, checked by ``_check_same_experiment``), or start fresh."""
+        """Load the checkpoint at ``path`` (from ``_resume_path``, checked by ``_check_same_experiment``), or start fresh.
+
+        The run is accepted here (rlkit.run.accept_run_config): its settings checked, its builds done, and
+        nothing of it written into the folder yet."""
+        from rlkit.run import accept_run_config
+
+        accept_run_config(self.out)
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
             self._clear_earlier_run()
@@ -690,27 +695,34 @@ class NativeRun:
         self.progress.say(f"resuming from {path} at step {self.state.step}")
         self._apply_resume_changes(path, changes)
 
-    #: What a run writes into its folder besides its logs and Hydra record: an earlier run's, on a fresh start there.
-    EARLIER_RUN_OUTPUTS = ("checkpoints", "eval", "exports", "adapter", "result.json", "resumes.jsonl")
-
     def _clear_earlier_run(self) -> None:
-        """Remove what an earlier run in this folder left (``EARLIER_RUN_OUTPUTS``) before this one starts fresh
-        there: its checkpoints (only present under ``trainer.overwrite=true``, which asks for this; otherwise
-        only unfinished ones), evaluations, exports, adapter, result and resume record. Kept, they would be
-        read as this run's: checkpoint pruning keeps the newest step numbers (the earlier run's), and
-        scripts/route_errors.py and report.py list every eval/*.json."""
-        removed = []
-        for name in self.EARLIER_RUN_OUTPUTS:
-            p = self.out / name
-            if p.is_symlink() or p.is_file():
-                p.unlink()
-            elif p.is_dir():
-                shutil.rmtree(p)
+        """Under ``trainer.overwrite=true`` (start over in this folder), remove what the earlier run there wrote
+        before this one starts: its checkpoints (``step_*``, ``latest``), evaluations (``eval/step_*.json``,
+        ``final.json``, ``seen_*.json``), exports (``exports/step_*``), adapter (``adapter/`` holding
+        ``rlkit_adapter.json``), ``result.json`` and ``resumes.jsonl``; nothing else, so a run pointed at a
+        folder that holds other work removes none of it. Kept, they would be read as this run's: checkpoint
+        pruning keeps the newest step numbers (the earlier run's), and scripts/route_errors.py and report.py
+        list every eval/*.json."""
+        if not self.trainer.overwrite:
+            return
+        out, removed = self.out, []
+        targets = [*self.ckpt_root.glob(f"{ckpt.PREFIX}*"), self.ckpt_root / ckpt.LATEST,
+                   *self.ckpt_root.glob(".tmp-*"), *(out / "eval").glob("step_*.json"), out / "eval" / "final.json",
+                   *(out / "eval").glob("seen_*.json"), *(out / "exports").glob("step_*"),
+                   out / "result.json", out / "resumes.jsonl"]
+        if (out / "adapter" / "rlkit_adapter.json").is_file():
+            targets.append(out / "adapter")
+        for t in targets:
+            if t.is_symlink() or t.is_file():
+                t.unlink()
+            elif t.is_dir():
+                shutil.rmtree(t)
             else:
                 continue
-            removed.append(name)
+            removed.append(t.relative_to(out).parts[0])
         if removed:
-            self.progress.say(f"starting over in {self.out}: removed the earlier run's {', '.join(removed)}")
+            self.progress.say(f"starting over in {out} (trainer.overwrite=true): removed the earlier run's "
+                              f"{', '.join(dict.fromkeys(removed))}")
 
     def _check_same_experiment(self, path: Path) -> dict[str, tuple[Any, Any]]:
         """Compare this run's config with the checkpoint's; returns the changed RESUMABLE_KEYS leaves
@@ -743,6 +755,8 @@ class NativeRun:
 
         from rlkit.sweep import swept_keys
 
+        if self.ckpt_root.resolve() not in Path(path).resolve().parents:
+            return  # trainer.resume_path: a sweep may well start every job from one checkpoint elsewhere
         try:
             hc = HydraConfig.get()
             if hc.mode != RunMode.MULTIRUN:
