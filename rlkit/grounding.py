@@ -30,8 +30,8 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.sft import (PARTIAL_EVERY, _load_partial, _save_partial, batch_shares_prefix, build_record, partial_dir,
-                       save_stage)
+from rlkit.sft import (PARTIAL_EVERY, _load_partial, _restore_training_state, _save_partial, batch_shares_prefix,
+                       build_record, partial_dir, save_stage)
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
 
@@ -226,11 +226,7 @@ def train_grounding(
     elapsed, resumed_at = 0.0, []
     st = _load_partial(partial, _GROUNDING_PARTIAL_KEYS, "grounding") if partial is not None else None
     if st is not None:  # an earlier build of this stage stopped: go on from its last save
-        policy.model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        torch.set_rng_state(st["torch_rng"])
-        sampler.load_state_dict(st["sampler"])
+        _restore_training_state(st, policy, opt, sched, sampler)
         rng.bit_generator.state = st["rng"]
         step, phase, phase_starts, history, table = (st["step"], st["phase"], st["phase_starts"], st["history"],
                                                      st["table"])

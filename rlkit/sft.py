@@ -382,6 +382,16 @@ def _load_partial(folder: Path, keys: Iterable[str] = _PARTIAL_KEYS, stage: str 
         return None
 
 
+def _restore_training_state(state: dict[str, Any], policy: Any, opt: Any, sched: Any, sampler: TaskSampler) -> None:
+    """Load what every resumable build saves (weights, AdamW, lr schedule, torch RNG, task sampler) from
+    ``state`` (``_load_partial``) into the live objects."""
+    policy.model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    sampler.load_state_dict(state["sampler"])
+
+
 def train_sft(
     env_spec: EnvSpec,
     policy: Any,
@@ -461,12 +471,8 @@ def train_sft(
     partial, elapsed, resumed_at = partial_dir(out_dir), 0.0, []
     st = _load_partial(partial)
     if st is not None:  # an earlier build of this stage stopped: go on from its last save
-        policy.model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
+        _restore_training_state(st, policy, opt, sched, sampler)
         gen.set_state(st["generator"])
-        torch.set_rng_state(st["torch_rng"])
-        sampler.load_state_dict(st["sampler"])
         if g_sampler is not None:
             g_sampler.load_state_dict(st["grounding_sampler"])
             g_rng.bit_generator.state = st["grounding_rng"]

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
+from rlkit.distributed.reaper import pid_alive  # noqa: E402
 
 KINDS = {"grounding": "grounding_summary.json", "sft": "sft_summary.json"}
 
@@ -78,16 +79,6 @@ def _locked(lock: Path) -> bool:
     return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def scan(cache: Path) -> list[Entry]:
     """Every build and leftover under ``cache``, oldest first."""
     out: list[Entry] = []
@@ -117,7 +108,7 @@ def scan(cache: Path) -> list[Entry]:
                     out.append(Entry(kind, key, "building" if _locked(lock) else "stopped", path, _size(path), mtime))
             elif suffix.startswith("tmp-"):
                 pid = suffix.removeprefix("tmp-")
-                if pid.isdigit() and not _pid_alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     out.append(Entry(kind, key, "leftover", path, _size(path), path.stat().st_mtime,
                                      note=f"a save cut short (process {pid} is gone)"))
     return sorted(out, key=lambda e: e.mtime)

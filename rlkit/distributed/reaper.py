@@ -70,6 +70,11 @@ def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = fr
     return pids
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (another user's process counts as alive)."""
+    return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
