@@ -276,7 +276,6 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
-        problems += self._policy_problems()
         if not cfg.policy.get("lora", {}).get("enabled", True):
             problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
                             "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
@@ -329,6 +328,8 @@ class NativeRun:
             problems.append(f"algorithm.selective_rollout_explore_hard={self.algo.selective_rollout_explore_hard} "
                             "is part of the selective rollout filter, which algorithm.selective_rollout_explore "
                             "turns on: set that too (1.0 never skips solved tasks), or explore_hard to null")
+        if not problems:  # last: it imports transformers (3 s), which a config refused for another reason need not wait for
+            problems = self._policy_problems()
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
