@@ -330,8 +330,7 @@ def run(cfg: DictConfig) -> dict:
     with run_lock.locked(out) if out is not None else contextlib.nullcontext():
         if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
             (out / ERROR_FILE).unlink(missing_ok=True)
-        if out is not None:
-            _accepted.discard(os.path.realpath(out))
+            _accepted.discard(os.path.realpath(out))  # this attempt is not accepted yet
         try:
             check_top_level_keys(cfg)
             backend = instantiate_plugin(cfg.backend, "backend")
