@@ -23,12 +23,14 @@ def main(cfg: DictConfig) -> dict:
 
     try:
         return run(cfg)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, ConnectionError) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records the failure and the sweep summary shows it
-        # a bad setting or a refused resume is the user's to fix: the message (also in the run folder's
-        # error.txt, with its traceback), not a traceback through rlkit
-        kind = "config error" if isinstance(e, ConfigError) else "checkpoint error"
+        # a bad setting, a refused resume or a service that is not there (logger=ray_metrics with no Ray
+        # cluster) is the user's to fix: the message names the fix (the run folder's error.txt keeps the
+        # traceback), not a traceback through rlkit
+        kind = ("config error" if isinstance(e, ConfigError) else
+                "checkpoint error" if isinstance(e, CheckpointError) else "connection error")
         print(f"[rlkit] {kind}: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

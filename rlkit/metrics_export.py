@@ -124,8 +124,9 @@ class RayMetricsLogger:
                 if self.mode == "on":
                     raise ConnectionError(
                         f"logger ray_metrics (mode=on) could not connect to a Ray cluster at address="
-                        f"{self.address!r}: {e}. Start one (ray start --head --metrics-export-port=...), "
-                        f"set RAY_ADDRESS, or use mode=auto"
+                        f"{self.address!r}: {str(e).rstrip('. ')}. Start one (ray start --head "
+                        f"--metrics-export-port=...), set RAY_ADDRESS or logger.address, or use logger.mode=auto "
+                        f"(export only when the job runs inside Ray)"
                     ) from e
                 log.warning("Ray metrics not exported: this Ray Job could not connect to its cluster (%s)", e)
                 return None

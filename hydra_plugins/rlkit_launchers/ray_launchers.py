@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
+from hydra.errors import CompactHydraException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -34,12 +35,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class LaunchRefused(CompactHydraException):
+    """A ``launchers.ray_jobs.LauncherError`` (bad launcher settings, an unreachable cluster) as Hydra's compact
+    error: Hydra prints its one message, ``[rlkit] launcher error: ...``, without a traceback through Hydra
+    and the launcher (the message names the fix; ``HYDRA_FULL_ERROR=1`` still shows the traceback).
+    The original error is ``__cause__``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"[rlkit] launcher error: {error}")
+
+
 class RayJobsLauncher(Launcher):
     """Submits every job of a sweep to a Ray cluster through the Ray Jobs API.
 
     Keyword arguments: the fields of ``launchers.config.RayJobsLauncherConf`` (see there for
     meanings and units). Raises ``launchers.ray_jobs.LauncherError`` from ``launch`` for a bad
-    config or an unreachable cluster; failed jobs come back as FAILED ``JobReturn``s.
+    config or an unreachable cluster (as :class:`LaunchRefused`, its ``__cause__``); failed jobs come back as
+    FAILED ``JobReturn``s.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -61,9 +73,12 @@ class RayJobsLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launchers.ray_jobs import launch
+        from launchers.ray_jobs import LauncherError, launch
 
-        return launch(self, job_overrides, initial_job_idx)
+        try:
+            return launch(self, job_overrides, initial_job_idx)
+        except LauncherError as e:
+            raise LaunchRefused(e) from e
 
 
 class HyperPodLauncher(RayJobsLauncher):
@@ -80,11 +95,14 @@ class HyperPodLauncher(RayJobsLauncher):
 
         address = self.settings.address or ""
         scheme = address.split("://", 1)[0] if "://" in address else ""
-        if scheme not in ("sagemaker_ray", "http", "https"):
-            raise LauncherError(
-                f"launcher=hyperpod needs hydra.launcher.address=sagemaker_ray://<raycluster>/<namespace> "
-                f"(got {self.settings.address!r}); see docs/hyperpod.md.")
-        check_address(address)
+        try:
+            if scheme not in ("sagemaker_ray", "http", "https"):
+                raise LauncherError(
+                    f"launcher=hyperpod needs hydra.launcher.address=sagemaker_ray://<raycluster>/<namespace> "
+                    f"(got {self.settings.address!r}); see docs/hyperpod.md.")
+            check_address(address)
+        except LauncherError as e:
+            raise LaunchRefused(e) from e
         return super().launch(job_overrides, initial_job_idx)
 
 

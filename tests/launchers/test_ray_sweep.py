@@ -90,7 +90,17 @@ def test_unreachable_cluster_fails_before_submitting(tmp_path):
     sweep = run_sweep(APP, ["x=1", "+launcher=ray", f"hydra.launcher.address=http://127.0.0.1:{free_port()}"],
                       cwd=tmp_path, sweep_dir=tmp_path / "multirun", timeout=120)
     assert sweep.returncode != 0
-    assert "Cannot reach the Ray Jobs API" in sweep.output and "ray start --head" in sweep.output
+    assert "[rlkit] launcher error: Cannot reach the Ray Jobs API" in sweep.output and "ray start --head" in sweep.output
+    # the message names the fix; a traceback through Hydra and the launcher would bury it
+    assert "Traceback" not in sweep.output, sweep.output[-3000:]
+
+
+def test_hyperpod_launcher_refuses_an_address_without_a_cluster_scheme(tmp_path):
+    sweep = run_sweep(APP, ["x=1", "+launcher=hyperpod", "hydra.launcher.address=my-cluster"],
+                      cwd=tmp_path, sweep_dir=tmp_path / "multirun", timeout=120)
+    assert sweep.returncode != 0
+    assert "[rlkit] launcher error: launcher=hyperpod needs hydra.launcher.address=sagemaker_ray://" in sweep.output
+    assert "'my-cluster'" in sweep.output and "Traceback" not in sweep.output, sweep.output[-3000:]
 
 
 def test_app_launcher_configs_match_the_repo(repo_root: Path):

@@ -235,3 +235,23 @@ def test_train_job_on_a_local_ray_cluster_exports_its_step_metrics(tmp_path, obs
                 head.kill()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
+
+
+def test_required_export_without_a_cluster_names_the_fix(monkeypatch, tmp_path):
+    """logger=ray_metrics (mode=on) with no cluster to join: a ConnectionError (train.py prints it as
+    '[rlkit] connection error: ...', no traceback) that names the address and the three ways out."""
+    import ray
+
+    import rlkit.metrics_export as me
+
+    def refuse(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(me, "ray_active", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    lg = RayMetricsLogger(mode="on", address="10.0.0.9:6379")
+    with pytest.raises(ConnectionError) as err:
+        lg.start(tmp_path, {}, "x", None, None)
+    msg = str(err.value)
+    assert "'10.0.0.9:6379'" in msg and "Ray instance. Start one" in msg  # no doubled full stop
+    assert "logger.mode=auto" in msg and "RAY_ADDRESS" in msg and not lg.active
