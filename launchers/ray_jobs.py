@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
+from rlkit.run import ERROR_FILE
+
 log = logging.getLogger(__name__)
 
 RESULT_MARKER = "==> rlkit result.json <=="
@@ -476,6 +478,7 @@ class RayJobsRunner:
         except Exception as e:  # noqa: BLE001 - the cluster refused this job: report it as FAILED
             msg = f"submission refused by the cluster: {type(e).__name__}: {e}"
             self.echo(f"[job {spec.num}] {msg}")
+            _record_failure(spec, msg, ran=False)
             return Outcome(spec, ok=False, status="NOT_SUBMITTED", error=msg)
         self.echo(f"[job {spec.num}] submitted {spec.submission_id}: {' '.join(spec.overrides) or '(no overrides)'}")
         _write_json(spec.local_dir / "ray_job.json", {**_record(spec, self.s), "status": "PENDING"})
@@ -552,6 +555,7 @@ class RayJobsRunner:
         self.echo(f"[job {a.spec.num}] {msg}")
         _write_json(a.spec.local_dir / "ray_job.json", {**_record(a.spec, s), "status": "PENDING_TIMEOUT",
                                                         "message": msg})
+        _record_failure(a.spec, msg, ran=False)
         return Outcome(a.spec, ok=False, status="PENDING_TIMEOUT", error=msg)
 
     def _finish(self, a: _Active, status: str, info: Any, logs: str) -> Outcome:
@@ -562,12 +566,13 @@ class RayJobsRunner:
                   "driver_exit_code": getattr(info, "driver_exit_code", None),
                   "run_time_s": None if a.started_at is None else round(self.clock() - a.started_at, 1)}
         _write_json(spec.local_dir / "ray_job.json", record)
+        shared = _same_folder(spec.local_dir, Path(spec.job_dir))  # the job wrote this folder itself
         if status == "SUCCEEDED":
             result = _read_result(spec, logs)
             if result is not None:
-                local = spec.local_dir / "result.json"
-                if not local.exists():
-                    _write_json(local, result)
+                if not shared:  # this job's result, also over an earlier run's copy; and that run's error goes
+                    _write_json(spec.local_dir / "result.json", result)
+                    (spec.local_dir / ERROR_FILE).unlink(missing_ok=True)
                 return Outcome(spec, ok=True, status=status, result=result, logs=logs)
             error = (f"job {spec.num} ({spec.submission_id}) SUCCEEDED but wrote no result.json: not at "
                      f"{spec.job_dir}/result.json and not in its log.")
@@ -580,7 +585,22 @@ class RayJobsRunner:
         error += (f"\noverrides: {' '.join(spec.overrides) or '(none)'}"
                   f"\n--- last {self.s.log_tail_lines} log lines ---\n{tail or '(empty log)'}\n---"
                   f"\nfull log: {spec.local_dir / 'ray_job.log'}")
+        _record_failure(spec, error, ran=True)
         return Outcome(spec, ok=False, status=status, error=error, logs=logs)
+
+
+def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
+    """Write ``error.txt`` (rlkit.run.ERROR_FILE) into the job's local folder, which the sweep summary
+    (rlkit.sweep) reads: without it, an earlier run's ``result.json`` there would list this failed job as
+    completed, with that run's numbers. A job that ran in this very folder (a local cluster, a shared
+    filesystem) and failed inside rlkit has written its own, with the traceback: that one is kept."""
+    path = spec.local_dir / ERROR_FILE
+    if ran and path.is_file() and _same_folder(spec.local_dir, Path(spec.job_dir)):
+        return
+    try:
+        _write_text(path, f"RayJobFailed: {error}\n")
+    except OSError as e:  # the outcome still reaches Hydra as FAILED
+        log.warning("could not write %s: %s", path, e)
 
 
 def _read_result(spec: JobSpec, logs: str) -> Optional[dict]:
@@ -603,10 +623,22 @@ def _record(spec: JobSpec, s: Settings) -> dict[str, Any]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    _write_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def _write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    """True when ``a`` and ``b`` are one folder (a local cluster, or the sweep on a shared filesystem)."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -628,6 +660,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     """
     from hydra.core.utils import JobReturn, JobStatus, setup_globals
     from omegaconf import OmegaConf, open_dict, read_write
+
+    from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys_of
 
     setup_globals()
     s: Settings = launcher.settings
@@ -655,6 +689,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     sweep_name = local_sweep.name
     if "WANDB_RUN_GROUP" not in env_vars:  # the local launcher's W&B group for the sweep (rlkit.backends)
         env_vars["WANDB_RUN_GROUP"] = f"sweep-{sweep_name}"
+    # each job is a single run on the cluster: tell it which keys this sweep sweeps, so that a sweep rerun into
+    # the same folders with other values is refused there as in a local multirun (rlkit.sweep.SWEPT_KEYS_ENV)
+    env_vars[SWEPT_KEYS_ENV] = ",".join(sorted(swept_keys_of(
+        list(OmegaConf.select(config, "hydra.overrides.task", default=None) or []))))
     renv = runtime_env_for(s, code_dir, env_vars)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tag = uuid.uuid4().hex[:6]

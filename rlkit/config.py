@@ -470,6 +470,12 @@ def check_ranges(cfg: Any) -> list[str]:
     elif stages:
         problems.append(f"sft.stages has {len(stages)} later warm-start stage(s) but sft.enabled=false skips the warm "
                         f"start: drop them (sft.stages=[]) or enable it (sft.enabled=true)")
+    resume_path = OmegaConf.select(cfg, "trainer.resume_path", default=None)
+    resume_mode = OmegaConf.select(cfg, "trainer.resume_mode", default=None)
+    if resume_path and resume_mode != "from_path":
+        problems.append(f"trainer.resume_path={resume_path!r} is only read with trainer.resume_mode=from_path (it is "
+                        f"{resume_mode!r}): add trainer.resume_mode=from_path to start from that checkpoint, or drop "
+                        f"trainer.resume_path")
     steps = OmegaConf.select(cfg, "steps", default=0) or 0
     warmup = OmegaConf.select(cfg, "algorithm.warmup_steps", default=0) or 0
     if (OmegaConf.select(cfg, "algorithm.lr_schedule", default=None) == "cosine" and isinstance(steps, int)

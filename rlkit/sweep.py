@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -23,18 +23,30 @@ from rlkit.run import ERROR_FILE
 COLUMNS = ["job", "swept", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
 
 
-def swept_keys(sweep_dir: Path) -> set[str]:
-    """The config keys (or groups) the sweep that Hydra launched into ``sweep_dir`` sweeps: its command-line
-    overrides with several values (``lr=1e-5,3e-5``, ``range(...)``, ``choice(...)``), read from the
-    ``multirun.yaml`` Hydra writes there at the sweep's start. Empty when there is none or it cannot be read."""
+#: Set by the Ray Jobs launchers (launchers/ray_jobs.py) in every job's environment: the sweep's swept keys,
+#: comma-separated. A cluster job runs train.py as a single run, without the sweep's multirun.yaml beside it,
+#: so this is how it knows which keys its sweep sweeps (rlkit.backends.native ``_check_sweep_resume``).
+SWEPT_KEYS_ENV = "RLKIT_SWEPT_KEYS"
+
+
+def swept_keys_of(task_overrides: Sequence[str]) -> set[str]:
+    """The keys (or groups) that command-line overrides sweep: those with several values (``lr=1e-5,3e-5``,
+    ``range(...)``, ``choice(...)``), in Hydra's override grammar. Raises Hydra's OverrideParseException for a
+    malformed override."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    overrides = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
+    return {o.key_or_group for o in overrides if o.is_sweep_override()}
+
+
+def swept_keys(sweep_dir: Path) -> set[str]:
+    """The config keys (or groups) the sweep that Hydra launched into ``sweep_dir`` sweeps (``swept_keys_of``
+    its command-line overrides), read from the ``multirun.yaml`` Hydra writes there at the sweep's start.
+    Empty when there is none or it cannot be read."""
     try:
-        task = OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra.overrides.task
-        overrides = OverridesParser.create().parse_overrides([str(o) for o in task])
+        return swept_keys_of(list(OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra.overrides.task))
     except Exception:  # noqa: BLE001 - no sweep record: nothing to compare against
         return set()
-    return {o.key_or_group for o in overrides if o.is_sweep_override()}
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["experiment=smoke", "logger=console", "sft.enabled=false", "grounding.enabled=false"]
 
 
-def _train(args, tmp_path, ok=True):
-    env = dict(os.environ, RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+def _train(args, tmp_path, ok=True, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k != "RLKIT_SWEPT_KEYS"}  # set in a cluster job only
+    env.update(RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     if ok:
@@ -77,3 +78,28 @@ def test_a_sweep_run_again_with_other_values_does_not_relabel_its_finished_jobs(
         assert rows[job]["status"].endswith("(the numbers are the earlier run's)")
         assert json.loads((sweep / job / "result.json").read_text()) == before[job]
     assert rows["2"]["status"] == "completed" and "lr=0.002" in rows["2"]["overrides"]
+
+
+def test_a_cluster_job_refuses_a_swept_key_change_and_a_sweep_may_share_one_resume_path(tmp_path):
+    """A Ray Jobs launcher's job is a single run on the cluster; the launcher names the sweep's swept keys in
+    RLKIT_SWEPT_KEYS, and there the same resume check holds as in a local multirun. A key a sweep sweeps may
+    still differ from a checkpoint outside the job's own folder (trainer.resume_path: one start for all)."""
+    run = tmp_path / "run"
+    _train([*FAST, "steps=2", "lr=1e-3", f"hydra.run.dir={run}"], tmp_path)
+    job = _train([*FAST, "steps=2", "lr=2e-3", f"hydra.run.dir={run}"], tmp_path, ok=False,
+                 RLKIT_SWEPT_KEYS="lr,seed")
+    assert job.returncode == 1 and "in this sweep: that folder's run has lr=0.001" in job.stderr
+    assert "lr=2e-3" not in _overrides(run)  # refused before it was accepted: the record is the run's
+    _train([*FAST, "steps=2", "lr=2e-3", f"hydra.run.dir={run}"], tmp_path)  # a single run: lr may change
+
+    start = next((run / "checkpoints").glob("step_*"))
+    ignored = _train([*FAST, f"trainer.resume_path={start}", f"hydra.run.dir={tmp_path / 'other'}"], tmp_path,
+                     ok=False)  # resume_mode=latest would not read it: refused, not started fresh
+    assert "add trainer.resume_mode=from_path" in ignored.stderr
+    sweep = tmp_path / "sweep"
+    _train(["-m", *FAST, "steps=3", "lr=3e-3,4e-3", "trainer.resume_mode=from_path", f"trainer.resume_path={start}",
+            f"hydra.sweep.dir={sweep}"], tmp_path)
+    for job_dir, lr in ((sweep / "0", 3e-3), (sweep / "1", 4e-3)):
+        result = json.loads((job_dir / "result.json").read_text())
+        assert result["steps_completed"] == 3 and not (job_dir / "error.txt").exists()
+        assert [json.loads(line)["changes"]["lr"]["now"] for line in (job_dir / "resumes.jsonl").open()] == [lr]

@@ -750,20 +750,23 @@ class NativeRun:
         Hydra matches a sweep's jobs to folders by job number, so a sweep run again into the same
         ``hydra.sweep.dir`` with another value list (one added, another order) would hand job 0's folder,
         trained at ``lr=1e-5``, the value ``lr=1e-4``: it would resume with nothing left to train and be listed
-        under the new value. Raises CheckpointError naming the key, both values and the fix."""
+        under the new value. The swept keys come from the sweep's ``multirun.yaml`` in a local multirun, and
+        from ``$RLKIT_SWEPT_KEYS`` (rlkit.sweep.SWEPT_KEYS_ENV) in a job the Ray Jobs launchers run on a
+        cluster, a single run there. Raises CheckpointError naming the key, both values and the fix."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from rlkit.sweep import swept_keys
+        from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys
 
         if self.ckpt_root.resolve() not in Path(path).resolve().parents:
             return  # trainer.resume_path: a sweep may well start every job from one checkpoint elsewhere
         try:
             hc = HydraConfig.get()
-            if hc.mode != RunMode.MULTIRUN:
-                return
-            swept = swept_keys(Path(hc.sweep.dir))
-        except Exception:  # noqa: BLE001 - not a Hydra multirun (tests, launchers calling run() directly)
+            if hc.mode == RunMode.MULTIRUN:
+                swept = swept_keys(Path(hc.sweep.dir))
+            else:
+                swept = {k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k}
+        except Exception:  # noqa: BLE001 - not a Hydra run (tests, launchers calling run() directly)
             return
         clash = sorted(k for k in changes if any(k == s or k.startswith(s + ".") for s in swept))
         if clash:

@@ -252,3 +252,50 @@ def test_runner_fetches_big_logs_less_often(tmp_path):
     world, clock = World(run_polls=12, pad="x" * 4_000_000 + "\n"), Clock()
     _runner(world, clock, lines).run(_specs(tmp_path, 1))
     assert small == 12 and world.log_fetches <= 4  # 4 MB: about one fetch per 4 polls
+
+
+def test_local_records_follow_this_run_not_an_earlier_one(tmp_path):
+    """The sweep summary reads each job's local folder. An earlier run of the sweep left result.json (and
+    job 1 an error.txt) there; this run's outcome must replace them, or a failed job lists as completed
+    with the earlier numbers, and a job that now succeeds keeps its old error."""
+    from rlkit.sweep import collect
+
+    specs = _specs(tmp_path, 3)
+    for spec in specs:
+        (spec.local_dir / ".hydra").mkdir(parents=True)  # as launch() writes it before the runner starts
+        (spec.local_dir / ".hydra" / "overrides.yaml").write_text(f"- x={spec.num}\n")
+        (spec.local_dir / "result.json").write_text(json.dumps({"status": "completed", "job": "earlier"}))
+    (specs[1].local_dir / "error.txt").write_text("ValueError: an earlier attempt\n")
+    world, clock, lines = World(final={"sid-2": "FAILED"}), Clock(), []
+    _runner(world, clock, lines).run(specs)
+    assert json.loads((specs[0].local_dir / "result.json").read_text())["job"] == "sid-0"  # not kept
+    assert json.loads((specs[1].local_dir / "result.json").read_text())["job"] == "sid-1"
+    assert not (specs[1].local_dir / "error.txt").exists()
+    err = (specs[2].local_dir / "error.txt").read_text()
+    assert err.startswith("RayJobFailed: job 2 (sid-2) FAILED: Job entrypoint command failed")
+    rows = {r["job"]: r for r in collect(tmp_path / "local")}
+    assert rows["0"]["status"] == rows["1"]["status"] == "completed"
+    assert rows["2"]["status"].startswith("failed: RayJobFailed: job 2 (sid-2) FAILED")
+    assert rows["2"]["status"].endswith("(the numbers are the earlier run's)")
+
+
+def test_a_job_that_wrote_its_own_error_in_a_shared_folder_keeps_it(tmp_path):
+    """On a local cluster or a shared filesystem the job's folder is the local one: rlkit's own error.txt
+    (with its traceback) stays; a job refused by the cluster never ran, so its folder gets the refusal."""
+    (spec,) = _specs(tmp_path, 1)
+    spec.job_dir = str(spec.local_dir)
+    spec.local_dir.mkdir(parents=True)
+    (spec.local_dir / "error.txt").write_text("CheckpointError: cannot resume ...\n\nTraceback ...\n")
+    world, clock, lines = World(final={"sid-0": "FAILED"}), Clock(), []
+    (o,) = _runner(world, clock, lines).run([spec])
+    assert not o.ok and (spec.local_dir / "error.txt").read_text().startswith("CheckpointError: cannot resume")
+
+    def refusing():
+        c = FakeClient(world)
+        c.submit_job = lambda **kw: (_ for _ in ()).throw(RuntimeError("status code 500: package too large"))
+        return c
+
+    runner = RayJobsRunner(Settings(poll_interval_s=1), refusing, echo=lines.append, clock=clock, sleep=clock.sleep)
+    (o,) = runner.run([spec])
+    assert o.status == "NOT_SUBMITTED"
+    assert (spec.local_dir / "error.txt").read_text().startswith("RayJobFailed: submission refused by the cluster")

@@ -28,7 +28,7 @@ def test_ray_sweep_concurrency_failure_and_summary(ray_cluster, tmp_path):
         "hydra.launcher.max_concurrent_jobs=2", "hydra.launcher.poll_interval_s=0.5",
         "hydra.launcher.entrypoint_num_cpus=1",
         f"barrier={sync / 'barrier'}", "barrier_xs=[1,2]", f"running={sync / 'running'}",
-        "report_env=[WANDB_RUN_GROUP]", "report_secret_env=[WANDB_API_KEY]",
+        "report_env=[WANDB_RUN_GROUP,RLKIT_SWEPT_KEYS]", "report_secret_env=[WANDB_API_KEY]",
     ], cwd=tmp_path, sweep_dir=sweep_dir, env_extra={"WANDB_API_KEY": SECRET})
     out = sweep.output
 
@@ -51,6 +51,7 @@ def test_ray_sweep_concurrency_failure_and_summary(ray_cluster, tmp_path):
         assert res["running_with"] <= 2
         assert res["env_sha256"]["WANDB_API_KEY"] == hashlib.sha256(SECRET.encode()).hexdigest()  # passed
         assert res["env"]["WANDB_RUN_GROUP"] == f"sweep-{sweep_dir.name}"
+        assert res["env"]["RLKIT_SWEPT_KEYS"] == "x"  # a job's resume check knows what its sweep sweeps
         assert res["cwd"] == str(APP.parent)  # local cluster: in place, no upload
     # Logs streamed with the job prefix.
     assert "[job 0] sweep_app x=1 line 2" in sweep.stdout
@@ -58,6 +59,8 @@ def test_ray_sweep_concurrency_failure_and_summary(ray_cluster, tmp_path):
     # Submitter-side records; the secret is in no file the launcher wrote.
     rec = json.loads((sweep_dir / "2" / "ray_job.json").read_text())
     assert rec["status"] == "FAILED" and rec["driver_exit_code"] == 1
+    # the failure is on record where the summary looks (the app, unlike train.py, writes no error.txt)
+    assert (sweep_dir / "2" / "error.txt").read_text().startswith("RayJobFailed: job 2 (")
     assert {"WANDB_API_KEY", "WANDB_RUN_GROUP"} <= set(rec["runtime_env"]["env_vars"])  # names only
     for p in sweep_dir.rglob("*"):
         if p.is_file():
@@ -81,7 +84,8 @@ def test_pending_job_times_out_with_a_clear_message(ray_cluster, tmp_path):
     rec = json.loads((sweep_dir / "0" / "ray_job.json").read_text())
     assert rec["status"] == "PENDING_TIMEOUT"
     rows = json.loads((sweep_dir / "sweep_summary.json").read_text())
-    assert [r["status"] for r in rows] == ["failed (no result.json)"]
+    (row,) = rows  # the reason, from the error.txt the launcher wrote, not just "no result.json"
+    assert row["status"].startswith("failed: RayJobFailed: job 0 (") and "stayed PENDING" in row["status"]
 
 
 def test_unreachable_cluster_fails_before_submitting(tmp_path):
