@@ -30,6 +30,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "env.holdout": "layout",  # session 22
     "sft.start_from_env": None,  # session 23
     "sft.start_from_experiment": None,  # session 24
+    "sft.route_mix": 0,  # session 28
 }
 
 
@@ -211,6 +212,11 @@ class SFTConfig:
     # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
     # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
+    # N > 0: N route questions on text alone join every batch (env.route_example; envs/visgym/routes.py): the notes
+    # a plan_map policy writes (the walls and both ends) with the loss masked, then the route with the loss on,
+    # on mazes drawn beyond the training pictures (other trees' corners and rooms, any wall pattern; never an
+    # evaluation maze's walls). No image, so about a third of a demonstration's cost. Needs env.parser=plan_map.
+    route_mix: int = 0
     # Later stages of the warm start, run after this one in the same job: each a mapping of sft keys
     # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config (not over the stage
     # before: a key a stage does not set has this config's value), trained from the previous stage's
@@ -427,6 +433,7 @@ RANGES: dict[str, Range] = {
     "sft.lr": Range(0, lo_open=True),
     "sft.warmup_steps": Range(0, integer=True),
     "sft.grounding_mix": Range(0, integer=True, note="0 = off"),
+    "sft.route_mix": Range(0, integer=True, note="0 = off"),
     "sft.target_success": Range(0, 1),
     "sft.val_tasks": Range(1, integer=True),
     "sft.eval_every": Range(1, integer=True),

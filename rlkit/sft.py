@@ -133,14 +133,15 @@ def build_record(build: dict[str, Any] | None, policy: Any = None) -> dict[str, 
 
 
 def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
-    """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when it is
-    0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
+    """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` or ``route_mix`` when
+    they are 0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
     the keys existed, so those caches stay valid), and without ``stages`` (``sft_stage_configs``) or
     ``start_from_env`` / ``start_from_experiment`` (the stage is keyed by the warm start it starts from, through
     the policy config)."""
     plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
-    if not plain.get("grounding_mix"):
-        plain.pop("grounding_mix", None)
+    for key in ("grounding_mix", "route_mix"):
+        if not plain.get(key):
+            plain.pop(key, None)
     if plain.get("lr_schedule", "constant") == "constant":
         plain.pop("lr_schedule", None)
     plain.pop("stages", None)  # each later stage is keyed on its own, by its predecessor's checkpoint
@@ -295,6 +296,20 @@ def demonstration_nll(policy: Any, demonstrations: list[Trajectory], shared_pref
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def batch_nll(policy: Any, parts: list[list[Trajectory]], shared_prefix: bool | None = None) -> torch.Tensor:
+    """``demonstration_nll`` of the trajectories of every part together (the mean over all their demonstrated
+    tokens), each part in its own forward: parts whose prompts differ (demonstrations with a picture, route
+    questions on text alone, whose prompts all share one prefix) would each lose their shared prefix in one
+    batch, and pad to the longest of the other: measured 1.67 s for 8 demonstrations and 56 route questions in
+    one forward, 0.88 s in two. Empty parts are skipped. Raises: ValueError if every part is empty."""
+    parts = [p for p in parts if p]
+    if len(parts) <= 1:
+        return demonstration_nll(policy, parts[0] if parts else [], shared_prefix=shared_prefix)
+    tokens = [float(sum(t.num_policy_tokens for t in p)) for p in parts]
+    total = sum(tokens) or 1.0
+    return sum(demonstration_nll(policy, p, shared_prefix=shared_prefix) * (n / total) for p, n in zip(parts, tokens))
+
+
 _LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
 
 
@@ -408,6 +423,8 @@ def train_sft(
 
     With ``cfg.grounding_mix`` = N > 0, N grounding questions (``env_spec.grounding_example`` on tasks
     drawn from ``grounding_tasks``, training mazes only) join every batch (rlkit.grounding.encode_example).
+    With ``cfg.route_mix`` = M > 0, M route questions on text alone (``env_spec.route_example``, no image; loss
+    on the route after ``plan_map``'s notes: ``encode_route_example``) join every batch as well.
 
     A build that stops before it is done (killed, a crash, a lost machine) resumes where it left off: every
     ``PARTIAL_EVERY`` steps and at each validation check it saves its weights, AdamW and lr-schedule state,
@@ -422,13 +439,18 @@ def train_sft(
     from, when it did; build: ``build_record(build)``), also written to ``out_dir/sft_summary.json``.
     Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
     and the env has no grounding questions or ``grounding_tasks`` is empty (the grounding stage itself
-    need not run: its ``grounding.curriculum`` names the tasks).
+    need not run: its ``grounding.curriculum`` names the tasks), or if route_mix > 0 and the env has no route
+    questions or another output format than ``plan_map`` (``route_mix_problem``).
     """
     grounding_tasks = list(grounding_tasks)
     if cfg.grounding_mix > 0 and (not hasattr(env_spec, "grounding_example") or not grounding_tasks):
         raise ValueError(f"sft.grounding_mix={cfg.grounding_mix} needs grounding questions: an env with "
                          f"grounding_example (this one: {type(env_spec).__name__}) and a task list "
                          "(grounding.curriculum); or set sft.grounding_mix=0")
+    route_mix = int(getattr(cfg, "route_mix", 0) or 0)
+    route_problem = route_mix_problem(env_spec, route_mix)
+    if route_problem:
+        raise ValueError(route_problem)
     t0 = time.time()
     gen = torch.Generator().manual_seed(cfg.seed)
     sampler = training_sampler(env_spec, cfg.seed)
@@ -468,6 +490,8 @@ def train_sft(
         from rlkit.grounding import draw_examples, encode_example
 
         g_sampler, g_rng = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed), np.random.default_rng(cfg.seed + 1)
+    r_rng = np.random.default_rng(cfg.seed + 2) if route_mix else None
+    r_prompt = route_prompt(env_spec, policy) if route_mix else None
     partial, elapsed, resumed_at = partial_dir(out_dir), 0.0, []
     st = _load_partial(partial)
     if st is not None:  # an earlier build of this stage stopped: go on from its last save
@@ -476,6 +500,8 @@ def train_sft(
         if g_sampler is not None:
             g_sampler.load_state_dict(st["grounding_sampler"])
             g_rng.bit_generator.state = st["grounding_rng"]
+        if r_rng is not None:
+            r_rng.bit_generator.state = st["route_rng"]
         step, history, order, num_drawn = st["step"], st["history"], st["order"], st["num_drawn"]
         val_success, elapsed, resumed_at = st["val_success"], st["wall_time_s"], [*st["resumed_at"], st["step"]]
         log.info("sft: resuming %s at step %d", out_dir, step)
@@ -488,6 +514,7 @@ def train_sft(
             "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
             "grounding_sampler": None if g_sampler is None else g_sampler.state_dict(),
             "grounding_rng": None if g_rng is None else g_rng.bit_generator.state,
+            "route_rng": None if r_rng is None else r_rng.bit_generator.state,
             "step": step, "history": history, "order": order, "num_drawn": num_drawn, "val_success": val_success,
             "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
 
@@ -501,7 +528,8 @@ def train_sft(
         if cfg.grounding_mix > 0:  # the grounding questions beside the demonstrations (sft.grounding_mix)
             batch = batch + [encode_example(policy, ex).trajectory
                              for ex in draw_examples(env_spec, g_sampler, grounding_tasks, cfg.grounding_mix, g_rng)]
-        loss = demonstration_nll(policy, batch, shared_prefix=share)
+        routes = [encode_route_example(policy, r_prompt, env_spec.route_example(r_rng)) for _ in range(route_mix)]
+        loss = batch_nll(policy, [batch, routes], shared_prefix=share)
         loss.backward()
         loss = loss.detach()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -535,6 +563,51 @@ def train_sft(
     save_stage(policy, out_dir, "sft_summary.json", summary)
     shutil.rmtree(partial, ignore_errors=True)
     return summary
+
+
+def route_mix_problem(env_spec: EnvSpec, route_mix: int) -> str | None:
+    """Why ``sft.route_mix=route_mix`` cannot run on ``env_spec`` (an env without route questions, or one whose
+    output format has no notes to route from), or None when it can (or is 0)."""
+    if not route_mix:
+        return None
+    if not callable(getattr(env_spec, "route_example", None)):
+        return (f"sft.route_mix={route_mix} needs route questions on text: an env with route_example (this one: "
+                f"{type(env_spec).__name__}); or set sft.route_mix=0")
+    if getattr(env_spec, "parser", "plan_map") != "plan_map":
+        return (f"sft.route_mix={route_mix} teaches the route after plan_map's notes (the walls and both ends); this "
+                f"env writes env.parser={env_spec.parser}. Set env.parser=plan_map (and rollout.max_new_tokens=64), "
+                f"or sft.route_mix=0")
+    return None
+
+
+def route_prompt(env_spec: EnvSpec, policy: Any) -> Any:
+    """The opening turn of a route question: the env's system prompt and first user text, without the picture
+    (``TurnTokens``; the same for every question, so built once)."""
+    env = env_spec.make()
+    obs = env.reset(next(iter(env_spec.train_seed_stream(0))))
+    return policy.chat.user_turn(obs.text, [], system=env.system_prompt, first=True)
+
+
+def encode_route_example(policy: Any, prompt: Any, example: Any) -> Trajectory:
+    """A route question (``envs.visgym.routes.RouteExample``) as a one-turn trajectory with no image: ``prompt``
+    (``route_prompt``), then the assistant's ``notes + answer`` as the policy would write them (its tokens, then
+    ``<|im_end|>``). The loss mask is 0 on the notes, which stand in for what the policy reads in a picture, and
+    1 on the route and the end of the turn: the question teaches the step from notes to route only.
+
+    Raises: ValueError if the notes do not end at a token boundary (their tokens would carry route text)."""
+    chat, tok = policy.chat, policy.tokenizer
+    completion = chat.completion_ids(example.notes + example.answer)
+    n_notes, length = 0, 0
+    while length < len(example.notes):
+        length += len(tok.decode([completion[n_notes]]))
+        n_notes += 1
+    if length != len(example.notes):
+        raise ValueError(f"the notes {example.notes[-12:]!r} end inside a token of the route {example.answer[:12]!r}")
+    end = chat.turn_end_ids("stop")
+    ids = list(prompt.input_ids) + completion + list(end)
+    mask = [0] * (len(prompt.input_ids) + n_notes) + [1] * (len(completion) - n_notes) + [0] * len(end)
+    record = Episode(seed=-1, turns=[], terminated=True, truncated=False, success=True)
+    return Trajectory(ids, mask, [0.0] * len(ids), [], record, group=0, policy_version=-1)
 
 
 def save_stage(policy: Any, out_dir: Path, summary_name: str, summary: dict[str, Any]) -> None:

@@ -138,6 +138,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("sft.stages=[{max_steps:abc}]", "sft.stages[0].max_steps='abc' is not a int (the type of sft.max_steps)"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
     ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
+    ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))

@@ -43,7 +43,7 @@ WALL_MOVES = ("stay", "fail")
 #: Parsers allowed per mode.
 MODE_PARSERS: dict[str, tuple[str, ...]] = {
     "interactive": ("tuple", "tuple_answer", "tuple_lenient", "keyword"),
-    "plan": ("plan", "plan_cells", "plan_walls"),
+    "plan": ("plan", "plan_cells", "plan_walls", "plan_map"),
 }
 
 _TASK = "You are the blue dot in the maze. Reach the red square; gray cells are walls."
@@ -63,6 +63,9 @@ _FORMAT = {
     "plan_walls": "First write each wall between rooms in reading order, its letter then # closed or . open, "
     "then the whole route, e.g. a#b.c#<answer>right right down stop</answer>, using right, up, left, down, "
     "then stop on the red square.",
+    "plan_map": "First write each wall between rooms in reading order, its letter then # closed or . open, "
+    "then your cell and the red square's as row,column, then the whole route, e.g. "
+    "a#b.c# 1,1 to 1,5<answer>right right down stop</answer>, using right, up, left, down, then stop on the red square.",
 }
 
 
@@ -88,11 +91,12 @@ def demonstration_texts(variant: str, mode: str, parser: str, seed: int) -> list
         maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
         cells = solve(maze_map, start, goal)
         return [fmt.format(path_to_moves(cells) + [STOP], cells=cells)]
-    if parser == "plan_walls":
+    if parser in ("plan_walls", "plan_map"):
         from envs.visgym.grounding import walls_answer
 
         maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
-        return [fmt.format(solve_moves(maze_map, start, goal) + [STOP], walls=walls_answer(maze_map)[0])]
+        notes = dict(start=start, goal=goal) if parser == "plan_map" else {}
+        return [fmt.format(solve_moves(maze_map, start, goal) + [STOP], walls=walls_answer(maze_map)[0], **notes)]
     actions = solution_actions(variant, seed)
     if mode == "plan":
         return [fmt.format(actions)]

@@ -526,8 +526,45 @@ class PlanWallsParser(PlanParser):
         return f"{walls}{super().format(actions)}"
 
 
+class PlanMapParser(PlanWallsParser):
+    """Plan format after a map of the maze written as text: ``a#b.c#d. 1,1 to 5,5<answer>right stop</answer>``.
+
+    ``plan_walls`` plus the agent's and the goal's cells (``row,column``, row 0 at the top) after the walls: the
+    notes then hold everything the route depends on, so the route is a function of text the policy wrote itself.
+    That function can be taught on text alone, on mazes no picture shows (``sft.route_mix``: any wall pattern,
+    any two rooms), which is where ``plan_walls`` fell short: its policy transcribed every evaluation maze
+    exactly and still wrote the route of a trained-on neighbour on 25% of them (session 16). On text alone the
+    tiny language model routes 89% of the 64 evaluation mazes from the 7x7 trees' corner tasks, and 97% from those
+    plus random wall patterns and rooms (scripts/probe_text_routes.py, session 28). The notes cost about 9 tokens
+    more than ``plan_walls``'s (the longest 7x7 evaluation answer: 56 tokens).
+
+    Parsing is ``plan``'s (the last ``<answer>`` block); the notes are not executed, scored or checked.
+    """
+
+    name = "plan_map"
+
+    def format(self, actions: Sequence[int], walls: str | None = None,
+               start: Sequence[int] | None = None, goal: Sequence[int] | None = None) -> str:
+        """The notes, then a route: ``a#b. 1,1 to 3,3<answer>right stop</answer>``.
+
+        Raises:
+            ValueError: an action not in 0..4, or ``walls``, ``start`` or ``goal`` missing.
+        """
+        if walls is None or start is None or goal is None:
+            raise ValueError("plan_map needs the walls transcription (envs.visgym.grounding.walls_answer) and the "
+                             "start and goal cells as (row, col)")
+        return map_notes(walls, start, goal) + PlanParser.format(self, actions)
+
+
+def map_notes(walls: str, start: Sequence[int], goal: Sequence[int]) -> str:
+    """``plan_map``'s notes: the walls transcription (envs.visgym.grounding.walls_answer), then
+    ``" r,c to r,c"`` for the agent's cell and the goal's."""
+    return f"{walls} {int(start[0])},{int(start[1])} to {int(goal[0])},{int(goal[1])}"
+
+
 #: Parser names accepted by ``make_parser`` (and by the env config key ``parser``).
-PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells", "plan_walls")
+PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells",
+                                 "plan_walls", "plan_map")
 
 _PARSERS = {
     "tuple": UpstreamTupleParser,
@@ -537,6 +574,7 @@ _PARSERS = {
     "plan": PlanParser,
     "plan_cells": PlanCellsParser,
     "plan_walls": PlanWallsParser,
+    "plan_map": PlanMapParser,
 }
 
 

@@ -24,11 +24,12 @@ from PIL import Image
 from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
-ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "tuple_answer")
+ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "plan_map", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
 from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, dihedral_keys, generate_maze, layout_key, maze_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
+from envs.visgym.routes import RouteExample, route_example
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UPSTREAM_VARIANTS, UpstreamMazeEnv, require_upstream
 
@@ -176,7 +177,7 @@ class VisGymMaze:
             ``self.max_turns == 1`` turn.
         parser: action format; interactive: "tuple" (VisGym, upstream-exact), "tuple_answer",
             "tuple_lenient", "keyword" (SkyRL);
-            plan: "plan", "plan_cells", "plan_walls" (envs/visgym/parsers.py).
+            plan: "plan", "plan_cells", "plan_walls", "plan_map" (envs/visgym/parsers.py).
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
         wall_move: what a move into a wall does: "stay" (upstream VisGym: the agent stays in place)
@@ -268,6 +269,7 @@ class VisGymMaze:
         self.variant = variant
         self.mode = mode
         self.parser = parser
+        self._held_out_walls: frozenset[bytes] | None = None  # route_example's holdout, built on first use
         self.cell_size = cell_size
         self.impl = impl
         self.wall_move = wall_move
@@ -360,6 +362,26 @@ class VisGymMaze:
         """One grounding question on maze ``seed`` drawn with ``rng`` (see envs/visgym/grounding.py),
         rendered at this env's cell size."""
         return grounding_example(seed, task, rng, variant=self.variant, cell_size=self.cell_size)
+
+    # -- route questions on text (sft.route_mix) ------------------------------------------------
+
+    def route_example(self, rng: np.random.Generator) -> RouteExample:
+        """One route question on text alone (envs/visgym/routes.py): ``plan_map``'s notes of a maze of this
+        env's size (a training tree, a tree between two rooms, or any wall pattern), and the route after them.
+        No example has the walls of an evaluation maze (with ``holdout="dihedral"``, of their turned and
+        mirrored images either), and every route fits the plan budget.
+
+        Raises:
+            ValueError: the env's parser is not ``plan_map`` (only its notes hold what a route depends on).
+        """
+        if self.parser != "plan_map":
+            raise ValueError(f"route questions on text need env.parser=plan_map, whose notes (the walls and both "
+                             f"ends) are what the route is read from; this env writes {self.parser!r}. Set "
+                             f"env.parser=plan_map, or sft.route_mix=0")
+        if self._held_out_walls is None:
+            keys = self.eval_set.twin_layouts() if self.holdout == "dihedral" else self.eval_set.layouts()
+            self._held_out_walls = frozenset(k[:-4] for k in keys)  # maze_key: walls, then 4 bytes of ends
+        return route_example(VARIANT_SIZES[self.variant], rng, self._held_out_walls, budget=self.action_budget)
 
     # -- reports -------------------------------------------------------------------------------
 

@@ -191,6 +191,12 @@ class NativeRun:
         if self.algo.demo_coef > 0 and not callable(getattr(self.env_spec.make(), "demonstration", None)):
             raise ConfigError(f"algorithm.demo_coef={self.algo.demo_coef}: env {cfg.env.get('name', '?')} has no "
                               "demonstration() (a solver) to teach its all-fail tasks; set algorithm.demo_coef=0")
+        from rlkit.sft import route_mix_problem, sft_stage_configs
+
+        for stage in (sft_stage_configs(cfg.sft) if self.sft_cfg.enabled else []):  # before any build
+            problem = route_mix_problem(self.env_spec, int(stage.get("route_mix") or 0))
+            if problem:
+                raise ConfigError(problem)
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start

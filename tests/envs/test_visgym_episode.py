@@ -192,6 +192,8 @@ def test_demonstration_formats():
     bits = [(r, c) for r in range(1, 8) for c in range(1, 8) if (r + c) % 2]
     by_hand = "".join(f"{chr(ord('a') + k)}{'#' if maze_map[r, c] else '.'}" for k, (r, c) in enumerate(bits))
     assert walls == [by_hand + plan[0]] and len(by_hand) == 48
+    # plan_map: the same notes, then the agent's start corner and the goal's (task 0 runs from 7,1 to 1,7)
+    assert VisGymMaze(mode="plan", parser="plan_map").demonstration(0) == [by_hand + " 7,1 to 1,7" + plan[0]]
     spec = VisGymMaze(variant="hard", mode="interactive", parser="tuple")
     maze_map, start, goal = generate_maze(7, 11)
     assert len(spec.demonstration(7)) == len(solve_moves(maze_map, start, goal)) + 1

@@ -221,6 +221,13 @@ def test_format_round_trip(name):
         assert parser.format(seq, walls="a#b.") == "a#b.<answer>right up left down stop</answer>"
         with pytest.raises(ValueError, match="walls"):
             parser.format(seq)
+    elif name == "plan_map":
+        seq = (R, U, L, D, S)
+        text = parser.format(seq, walls="a#b.", start=(5, 1), goal=(1, 5))
+        assert text == "a#b. 5,1 to 1,5<answer>right up left down stop</answer>"
+        assert parser.parse(text).actions == seq
+        with pytest.raises(ValueError, match="start and goal"):
+            parser.format(seq, walls="a#b.")
     else:
         for a in (R, U, L, D, S):
             assert parser.parse(parser.format([a])).actions == (a,)
@@ -269,7 +276,20 @@ def test_plan_walls_parser(text, expected):
     _check("plan_walls", text, expected)
 
 
-@pytest.mark.parametrize("name", ["plan", "plan_cells", "plan_walls"])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("a#b.c# 1,1 to 5,5<answer>right down stop</answer>", (R, D, S)),
+        ("a#b.c# 9,9 to 0,0<answer>up stop</answer>", (U, S)),  # the notes are never checked or executed
+        ("a#b.c# 1,1 to 5,5 right down stop", None),  # numbers outside a block: not a route line
+        ("a#b.c# 1,1 to 5,5", None),  # notes and no route
+    ],
+)
+def test_plan_map_parser(text, expected):
+    _check("plan_map", text, expected)
+
+
+@pytest.mark.parametrize("name", ["plan", "plan_cells", "plan_walls", "plan_map"])
 def test_plan_ends_are_offsets_into_the_whole_output(name):
     parser = make_parser(name)
     body = "<answer>1,1 right 1,2 down 2,2 stop</answer>" if name == "plan_cells" else "<answer>right down stop</answer>"
