@@ -19,11 +19,12 @@ def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     from rlkit.checkpoint import CheckpointError
+    from rlkit.metrics_export import RayMetricsUnavailable
     from rlkit.run import ConfigError, run
 
     try:
         return run(cfg)
-    except (ConfigError, CheckpointError, ConnectionError) as e:
+    except (ConfigError, CheckpointError, RayMetricsUnavailable) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records the failure and the sweep summary shows it
         # a bad setting, a refused resume or a service that is not there (logger=ray_metrics with no Ray
@@ -39,7 +40,7 @@ def main(cfg: DictConfig) -> dict:
         out = HydraConfig.get().runtime.output_dir
         print(f"\n[rlkit] stopped (Ctrl-C). To go on from its last checkpoint (a one-time build: from its last "
               f"save), rerun with hydra.run.dir={out} trainer.resume_mode=latest (the default; without "
-              "trainer.overwrite=true or trainer.resume_path, which would start over)", file=sys.stderr)
+              "trainer.overwrite=true, which would start over, or trainer.resume_path)", file=sys.stderr)
         sys.exit(130)
 
 

@@ -463,6 +463,10 @@ class RayJobsRunner:
 
     def _submit(self, spec: JobSpec) -> Optional[Outcome]:
         s = self.s
+        # an earlier attempt's error is not this attempt's: from here on error.txt is written by this job (rlkit.run,
+        # in a shared folder) or by _record_failure, so the sweep summary never shows a stale one
+        with contextlib.suppress(OSError):
+            (spec.local_dir / ERROR_FILE).unlink(missing_ok=True)
         kwargs: dict[str, Any] = dict(
             entrypoint=spec.entrypoint, submission_id=spec.submission_id, runtime_env=spec.runtime_env,
             metadata=spec.metadata, entrypoint_num_cpus=s.entrypoint_num_cpus,
@@ -566,13 +570,13 @@ class RayJobsRunner:
                   "driver_exit_code": getattr(info, "driver_exit_code", None),
                   "run_time_s": None if a.started_at is None else round(self.clock() - a.started_at, 1)}
         _write_json(spec.local_dir / "ray_job.json", record)
-        shared = _same_folder(spec.local_dir, Path(spec.job_dir))  # the job wrote this folder itself
         if status == "SUCCEEDED":
             result = _read_result(spec, logs)
             if result is not None:
-                if not shared:  # this job's result, also over an earlier run's copy; and that run's error goes
-                    _write_json(spec.local_dir / "result.json", result)
-                    (spec.local_dir / ERROR_FILE).unlink(missing_ok=True)
+                # this job's result, over an earlier run's copy too. Written even where the job's folder looks like
+                # this one: with hydra.launcher.sweep_dir=null a remote cluster writes to the same path on its own
+                # disk. In a folder the job shares with us it rewrites what the job wrote.
+                _write_json(spec.local_dir / "result.json", result)
                 return Outcome(spec, ok=True, status=status, result=result, logs=logs)
             error = (f"job {spec.num} ({spec.submission_id}) SUCCEEDED but wrote no result.json: not at "
                      f"{spec.job_dir}/result.json and not in its log.")
@@ -593,7 +597,8 @@ def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
     """Write ``error.txt`` (rlkit.run.ERROR_FILE) into the job's local folder, which the sweep summary
     (rlkit.sweep) reads: without it, an earlier run's ``result.json`` there would list this failed job as
     completed, with that run's numbers. A job that ran in this very folder (a local cluster, a shared
-    filesystem) and failed inside rlkit has written its own, with the traceback: that one is kept."""
+    filesystem) and failed inside rlkit has written its own, with the traceback: that one is kept (an earlier
+    attempt's was removed at submission, ``RayJobsRunner._submit``)."""
     path = spec.local_dir / ERROR_FILE
     if ran and path.is_file() and _same_folder(spec.local_dir, Path(spec.job_dir)):
         return
@@ -604,13 +609,19 @@ def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
 
 
 def _read_result(spec: JobSpec, logs: str) -> Optional[dict]:
+    """The job's result: the ``result.json`` its entrypoint printed into its log (on the cluster, after the job),
+    else the file at its ``job_dir`` as this machine sees it (a shared folder; on a remote cluster's own disk that
+    path may hold an earlier run's file, so the log comes first)."""
+    result = result_from_logs(logs)
+    if result is not None:
+        return result
     path = Path(spec.job_dir) / "result.json"
     if path.is_file():
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            log.warning("could not read %s (%s); taking the result from the job log", path, e)
-    return result_from_logs(logs)
+            log.warning("could not read %s (%s)", path, e)
+    return None
 
 
 def _record(spec: JobSpec, s: Settings) -> dict[str, Any]:

@@ -59,6 +59,10 @@ def metric_name(key: str, prefix: str = PREFIX) -> str:
     return f"{prefix}_{body}"
 
 
+class RayMetricsUnavailable(ConnectionError):
+    """``logger=ray_metrics`` with ``mode=on`` found no Ray cluster to join; the message names the fixes."""
+
+
 def ray_active() -> bool:
     """True when Ray is initialized in this process (checked without importing Ray)."""
     ray = sys.modules.get("ray")
@@ -122,11 +126,12 @@ class RayMetricsLogger:
                 ray.init(address=self.address, log_to_driver=False, configure_logging=False)
             except Exception as e:  # auto: metrics are an extra, the job goes on without them (warned)
                 if self.mode == "on":
-                    raise ConnectionError(
+                    raise RayMetricsUnavailable(
                         f"logger ray_metrics (mode=on) could not connect to a Ray cluster at address="
                         f"{self.address!r}: {str(e).rstrip('. ')}. Start one (ray start --head "
-                        f"--metrics-export-port=...), set RAY_ADDRESS or logger.address, or use logger.mode=auto "
-                        f"(export only when the job runs inside Ray)"
+                        f"--metrics-export-port=...), set RAY_ADDRESS or the logger's address (logger.address; "
+                        f"logger.loggers.<name>.address under logger=multi), or its mode to auto (export only when "
+                        f"the job runs inside Ray)"
                     ) from e
                 log.warning("Ray metrics not exported: this Ray Job could not connect to its cluster (%s)", e)
                 return None

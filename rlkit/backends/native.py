@@ -782,7 +782,8 @@ class NativeRun:
                 f"cannot resume {self.out} in this sweep: that folder's run has {shown} ({path}), and this sweep "
                 f"gives its job {now}. Hydra matches a sweep's jobs to folders by number, so a sweep with other "
                 "values (one added, another order) would relabel finished runs. Run the new values into a new "
-                "hydra.sweep.dir, or repeat the earlier sweep's values to resume it."
+                "hydra.sweep.dir (with launcher=ray / hyperpod also a new hydra.launcher.sweep_dir, when it is "
+                "set), or repeat the earlier sweep's values to resume it."
             )
 
     def _apply_resume_changes(self, path: Path, changes: dict[str, tuple[Any, Any]]) -> None:

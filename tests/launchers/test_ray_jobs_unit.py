@@ -279,16 +279,33 @@ def test_local_records_follow_this_run_not_an_earlier_one(tmp_path):
     assert rows["2"]["status"].endswith("(the numbers are the earlier run's)")
 
 
-def test_a_job_that_wrote_its_own_error_in_a_shared_folder_keeps_it(tmp_path):
-    """On a local cluster or a shared filesystem the job's folder is the local one: rlkit's own error.txt
-    (with its traceback) stays; a job refused by the cluster never ran, so its folder gets the refusal."""
+def test_in_one_folder_the_jobs_own_error_stays_and_an_earlier_attempts_goes(tmp_path):
+    """On a local cluster or a shared filesystem the job's folder is the local one. rlkit's own error.txt (with
+    its traceback) stays; an earlier attempt's is not this one's: a job that fails before rlkit writes one, or a
+    submission the cluster refuses, leaves the launcher's record instead. And with hydra.launcher.sweep_dir=null
+    on a remote cluster the paths look the same while the disks differ: the result comes from the job's log."""
     (spec,) = _specs(tmp_path, 1)
     spec.job_dir = str(spec.local_dir)
     spec.local_dir.mkdir(parents=True)
-    (spec.local_dir / "error.txt").write_text("CheckpointError: cannot resume ...\n\nTraceback ...\n")
+    err = spec.local_dir / "error.txt"
     world, clock, lines = World(final={"sid-0": "FAILED"}), Clock(), []
+
+    class WritesItsError(FakeClient):  # rlkit's run() writes error.txt into its folder as it fails
+        def get_job_info(self, sid):
+            info = super().get_job_info(sid)
+            if info.status == "FAILED":
+                err.write_text("CheckpointError: cannot resume ...\n\nTraceback ...\n")
+            return info
+
+    err.write_text("ValueError: an earlier attempt\n")
+    (o,) = RayJobsRunner(Settings(poll_interval_s=1), lambda: WritesItsError(world), echo=lines.append, clock=clock,
+                         sleep=clock.sleep).run([spec])
+    assert not o.ok and err.read_text().startswith("CheckpointError: cannot resume")
+
+    err.write_text("ValueError: an earlier attempt\n")  # this attempt fails before rlkit runs (it writes nothing)
+    world.jobs.clear()
     (o,) = _runner(world, clock, lines).run([spec])
-    assert not o.ok and (spec.local_dir / "error.txt").read_text().startswith("CheckpointError: cannot resume")
+    assert not o.ok and err.read_text().startswith("RayJobFailed: job 0 (sid-0) FAILED")
 
     def refusing():
         c = FakeClient(world)
@@ -298,4 +315,11 @@ def test_a_job_that_wrote_its_own_error_in_a_shared_folder_keeps_it(tmp_path):
     runner = RayJobsRunner(Settings(poll_interval_s=1), refusing, echo=lines.append, clock=clock, sleep=clock.sleep)
     (o,) = runner.run([spec])
     assert o.status == "NOT_SUBMITTED"
-    assert (spec.local_dir / "error.txt").read_text().startswith("RayJobFailed: submission refused by the cluster")
+    assert err.read_text().startswith("RayJobFailed: submission refused by the cluster")
+
+    # sweep_dir=null, remote cluster: the local file at job_dir is an earlier run's; the log holds this one's
+    (spec.local_dir / "result.json").write_text(json.dumps({"status": "completed", "job": "earlier"}))
+    world = World()
+    (o,) = _runner(world, clock, lines).run([spec])
+    assert o.ok and o.result["job"] == "sid-0" and not err.exists()
+    assert json.loads((spec.local_dir / "result.json").read_text())["job"] == "sid-0"

@@ -250,8 +250,8 @@ def test_required_export_without_a_cluster_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setattr(me, "ray_active", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
     lg = RayMetricsLogger(mode="on", address="10.0.0.9:6379")
-    with pytest.raises(ConnectionError) as err:
+    with pytest.raises(me.RayMetricsUnavailable) as err:  # a ConnectionError train.py prints as one line
         lg.start(tmp_path, {}, "x", None, None)
     msg = str(err.value)
     assert "'10.0.0.9:6379'" in msg and "Ray instance. Start one" in msg  # no doubled full stop
-    assert "logger.mode=auto" in msg and "RAY_ADDRESS" in msg and not lg.active
+    assert "logger.loggers.<name>.address under logger=multi" in msg and "RAY_ADDRESS" in msg and not lg.active
