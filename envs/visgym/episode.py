@@ -65,7 +65,8 @@ _FORMAT = {
     "then stop on the red square.",
     "plan_map": "First write each wall between rooms in reading order, its letter then # closed or . open, "
     "then your cell and the red square's as row,column, then the whole route, e.g. "
-    "a#b.c# 1,1 to 1,5<answer>right right down stop</answer>, using right, up, left, down, then stop on the red square.",
+    "a#b.c# 1,1 to 3,3<answer>right right down down stop</answer>, using right, up, left, down, then stop on the red "
+    "square.",
 }
 
 
