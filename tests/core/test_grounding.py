@@ -13,13 +13,6 @@ from rlkit.config import GroundingConfig
 from rlkit.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
 
 
-@pytest.fixture
-def full_policy(small_ckpt):
-    from rlkit.policy import load_policy
-
-    return load_policy(name="grounding_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
-
-
 def test_encoded_answer_is_the_loss_masked_span(full_policy):
     ex = VisGymMaze().grounding_example(11, "agent", np.random.default_rng(0))
     item = encode_example(full_policy, ex)

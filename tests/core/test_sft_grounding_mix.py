@@ -10,23 +10,9 @@ from rlkit.config import SFTConfig
 from rlkit.policy import SamplingParams, make_engine
 
 
-@pytest.fixture
-def full_policy(small_ckpt):
-    from rlkit.policy import load_policy
-
-    return load_policy(name="sft_mix_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
-
-
-def test_each_batch_gets_its_grounding_questions(full_policy, monkeypatch, tmp_path):
+def test_each_batch_gets_its_grounding_questions(full_policy, nll_batches, tmp_path):
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17, wall_move="fail")
-    batches = []
-    real = sft_mod.demonstration_nll
-
-    def spy(policy, demonstrations, shared_prefix=None):
-        batches.append(list(demonstrations))
-        return real(policy, demonstrations, shared_prefix=shared_prefix)
-
-    monkeypatch.setattr(sft_mod, "demonstration_nll", spy)
+    batches = nll_batches
     cfg = SFTConfig(num_demos=0, max_steps=2, batch_size=3, warmup_steps=0, val_tasks=2, eval_every=100,
                     grounding_mix=2)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24, n=1, seed=0)

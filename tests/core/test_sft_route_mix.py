@@ -10,26 +10,12 @@ from rlkit.config import SFTConfig
 from rlkit.policy import SamplingParams, make_engine
 
 
-@pytest.fixture
-def full_policy(small_ckpt):
-    from rlkit.policy import load_policy
-
-    return load_policy(name="sft_route_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
-
-
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=64, n=1, seed=0)
 
 
-def test_each_batch_gets_route_questions_with_the_loss_on_the_route_only(full_policy, monkeypatch, tmp_path):
+def test_each_batch_gets_route_questions_with_the_loss_on_the_route_only(full_policy, nll_batches, tmp_path):
     env = VisGymMaze(variant="small", mode="plan", parser="plan_map", max_turns=17, wall_move="fail")
-    batches = []
-    real = sft_mod.demonstration_nll
-
-    def spy(policy, demonstrations, shared_prefix=None):
-        batches.append(list(demonstrations))
-        return real(policy, demonstrations, shared_prefix=shared_prefix)
-
-    monkeypatch.setattr(sft_mod, "demonstration_nll", spy)
+    batches = nll_batches
     cfg = SFTConfig(num_demos=0, max_steps=2, batch_size=3, warmup_steps=0, val_tasks=2, eval_every=100, route_mix=2)
     sft_mod.train_sft(env, full_policy, make_engine(full_policy), cfg, GREEDY, tmp_path / "out")
     tok, chat = full_policy.tokenizer, full_policy.chat
