@@ -86,7 +86,8 @@ def _crash_then_resume(point, tmp_path, cache, reference):
     return resumed
 
 
-@pytest.mark.parametrize("point", ["update@3", "checkpoint@2"])
+# a kill mid-update in the default suite; a kill right after a checkpoint with -m slow (the same check, 16 s more)
+@pytest.mark.parametrize("point", ["update@3", pytest.param("checkpoint@2", marks=pytest.mark.slow)])
 def test_sigkill_and_resume_is_bitwise_identical(point, tmp_path, cache, reference):
     resumed = _crash_then_resume(point, tmp_path, cache, reference)
     # update@3: the checkpoint of step 2 is the newest; checkpoint@2: the torn step-2 write is skipped -> step 1

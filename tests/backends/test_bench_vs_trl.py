@@ -41,6 +41,7 @@ def _check_rlkit_run(run: dict, steps: int) -> None:
     assert run["update_flops"] > 1e9 and run["matmul_peak_flops"] > 1e9
 
 
+@pytest.mark.slow  # 14 s of the 15-minute default suite for a benchmark's orchestration; run with -m slow
 def test_rlkit_side_quick(tmp_path):
     """The orchestrator with rlkit's side only: 2 steps (1 counted) of the --quick workload in fp32."""
     stdout, doc = _bench(tmp_path, "--no-trl", "--dtypes", "fp32", "--steps", "2", "--skip", "1", timeout=240)

@@ -30,6 +30,7 @@ def _train(tmp_path, name, *overrides):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     out = tmp_path / name
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "logger=console",
+                           "sft.enabled=false", "grounding.enabled=false",  # the loop is what is tested: no builds
                            "reward._target_=tests.rewards.test_reward_in_loop.Hang", "reward.timeout_s=0.5",
                            *overrides, f"hydra.run.dir={out}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
