@@ -113,15 +113,9 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("eval.num_tasks=0", "eval.num_tasks=0"),
     ("eval.num_tasks=1000", "eval.num_tasks=1000"),
-    ("lr=-1", "lr=-1"),
-    ("sft.batch_size=0", "sft.batch_size=0"),
-    ("rollout.temperature=-1", "rollout.temperature=-1"),
     ("logger.mode=ofline", "logger.mode='ofline'"),
     ("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_hihg"),
     ("env.parser=keyword", "does not fit"),
-    ("seed=-1", "seed=-1 must be an integer >= 0"),
-    ("algorithm.update_epochs=0", "algorithm.update_epochs=0 must be an integer >= 1"),
-    ("algorithm.demo_coef=-0.1", "algorithm.demo_coef=-0.1 must be >= 0"),
     ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
     ("algorithm.screening_samples=2", "screening needs 2 <= screening_samples < group_size=2"),  # smoke: G=2
     # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
@@ -131,11 +125,6 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("algorithm.demo_max_successes=2", "algorithm.demo_max_successes=2: a group of group_size=2"),  # smoke: G=2
     ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
-    ("eval.seen_tasks=-1", "eval.seen_tasks=-1 must be an integer >= 0"),
-    ("sft.stages=[{max_step:2}]", "sft.stages[0].max_step is not a key a later stage can set"),
-    ("sft.stages=[{lr_schedule:linear}]", "sft.stages[0].lr_schedule='linear' must be one of constant, cosine"),
-    ("sft.stages=[{enabled:false}]", "sft.stages[0].enabled is not a key a later stage can set"),
-    ("sft.stages=[{max_steps:abc}]", "sft.stages[0].max_steps='abc' is not a int (the type of sft.max_steps)"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
     ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
     ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
@@ -150,6 +139,37 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     assert "Traceback" not in proc.stderr and "[rlkit] config error:" in proc.stderr  # the message, no stack
     assert "SFT warm start" not in proc.stdout  # refused before the long part of the run
     assert message.split("=")[0].strip("'+") in (tmp_path / "run" / "error.txt").read_text()
+
+
+#: Range and later-stage problems: all found by one check (rlkit.config.check_ranges) and reported together, so one
+#: run refuses them all (one train.py start instead of one each: about 5 s apiece of the 15-minute suite).
+RANGE_PROBLEMS = {
+    "lr=-1": "lr=-1.0 must be > 0",
+    "sft.batch_size=0": "sft.batch_size=0 must be an integer >= 1",
+    "rollout.temperature=-1": "rollout.temperature=-1.0 must be >= 0",
+    "seed=-1": "seed=-1 must be an integer >= 0",
+    "algorithm.update_epochs=0": "algorithm.update_epochs=0 must be an integer >= 1",
+    "algorithm.demo_coef=-0.1": "algorithm.demo_coef=-0.1 must be >= 0",
+    "eval.seen_tasks=-1": "eval.seen_tasks=-1 must be an integer >= 0",
+}
+STAGE_PROBLEMS = ("sft.stages=[{max_step:2},{lr_schedule:linear},{enabled:false},{max_steps:abc}]", [
+    "sft.stages[0].max_step is not a key a later stage can set",
+    "sft.stages[1].lr_schedule='linear' must be one of constant, cosine",
+    "sft.stages[2].enabled is not a key a later stage can set",
+    "sft.stages[3].max_steps='abc' is not a int (the type of sft.max_steps)",
+])
+
+
+def test_every_bad_range_is_named_in_one_refusal(tmp_path):
+    env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", *RANGE_PROBLEMS, STAGE_PROBLEMS[0],
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "[rlkit] config error: 11 bad values: " in proc.stderr, proc.stderr[-3000:]
+    for message in [*RANGE_PROBLEMS.values(), *STAGE_PROBLEMS[1]]:
+        assert message in proc.stderr, message
+    assert "Traceback" not in proc.stderr and "SFT warm start" not in proc.stdout
+    assert "lr=-1.0 must be > 0" in (tmp_path / "run" / "error.txt").read_text()
 
 
 def test_answers_longer_than_max_new_tokens_are_refused_before_the_warm_start(tmp_path):
