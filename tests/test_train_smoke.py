@@ -116,13 +116,6 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     ("logger.mode=ofline", "logger.mode='ofline'"),
     ("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_hihg"),
     ("env.parser=keyword", "does not fit"),
-    ("policy.lora.enabled=false", "policy.lora.enabled=false: GRPO trains a LoRA adapter"),  # was silently forced on
-    ("algorithm.screening_samples=2", "screening needs 2 <= screening_samples < group_size=2"),  # smoke: G=2
-    # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
-    ("algorithm.dynamic_sampling_adaptive_batch=true", "it needs algorithm.dynamic_sampling_max_rounds > 0"),
-    ("algorithm.behav_imp_weight_cap=5", "caps the decoupled loss's importance weights"),  # without decoupled_loss
-    ("algorithm.selective_rollout_explore_hard=0.5", "is part of the selective rollout filter"),  # filter off
-    ("algorithm.demo_max_successes=2", "algorithm.demo_max_successes=2: a group of group_size=2"),  # smoke: G=2
     ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
@@ -152,6 +145,16 @@ RANGE_PROBLEMS = {
     "algorithm.demo_coef=-0.1": "algorithm.demo_coef=-0.1 must be >= 0",
     "eval.seen_tasks=-1": "eval.seen_tasks=-1 must be an integer >= 0",
 }
+#: Settings that contradict each other, checked together by the backend before any build (one start for all six).
+CROSS_PROBLEMS = {
+    "policy.lora.enabled=false": "policy.lora.enabled=false: GRPO trains a LoRA adapter",  # was silently forced on
+    "algorithm.screening_samples=2": "screening needs 2 <= screening_samples < group_size=2",  # smoke: G=2
+    # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
+    "algorithm.dynamic_sampling_adaptive_batch=true": "it needs algorithm.dynamic_sampling_max_rounds > 0",
+    "algorithm.behav_imp_weight_cap=5": "caps the decoupled loss's importance weights",  # without decoupled_loss
+    "algorithm.selective_rollout_explore_hard=0.5": "is part of the selective rollout filter",  # filter off
+    "algorithm.demo_max_successes=2": "algorithm.demo_max_successes=2: a group of group_size=2",  # smoke: G=2
+}
 STAGE_PROBLEMS = ("sft.stages=[{max_step:2},{lr_schedule:linear},{enabled:false},{max_steps:abc}]", [
     "sft.stages[0].max_step is not a key a later stage can set",
     "sft.stages[1].lr_schedule='linear' must be one of constant, cosine",
@@ -160,16 +163,20 @@ STAGE_PROBLEMS = ("sft.stages=[{max_step:2},{lr_schedule:linear},{enabled:false}
 ])
 
 
-def test_every_bad_range_is_named_in_one_refusal(tmp_path):
+@pytest.mark.parametrize("overrides, messages, count", [
+    ([*RANGE_PROBLEMS, STAGE_PROBLEMS[0]], [*RANGE_PROBLEMS.values(), *STAGE_PROBLEMS[1]], 11),
+    (list(CROSS_PROBLEMS), list(CROSS_PROBLEMS.values()), 6),
+], ids=["ranges", "contradictions"])
+def test_every_bad_value_is_named_in_one_refusal(overrides, messages, count, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", *RANGE_PROBLEMS, STAGE_PROBLEMS[0],
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", *overrides,
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 1 and "[rlkit] config error: 11 bad values: " in proc.stderr, proc.stderr[-3000:]
-    for message in [*RANGE_PROBLEMS.values(), *STAGE_PROBLEMS[1]]:
+    assert proc.returncode == 1 and f"[rlkit] config error: {count} bad values: " in proc.stderr, proc.stderr[-3000:]
+    for message in messages:
         assert message in proc.stderr, message
     assert "Traceback" not in proc.stderr and "SFT warm start" not in proc.stdout
-    assert "lr=-1.0 must be > 0" in (tmp_path / "run" / "error.txt").read_text()
+    assert messages[0] in (tmp_path / "run" / "error.txt").read_text()
 
 
 def test_answers_longer_than_max_new_tokens_are_refused_before_the_warm_start(tmp_path):
