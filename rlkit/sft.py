@@ -301,7 +301,8 @@ def batch_nll(policy: Any, parts: list[list[Trajectory]], shared_prefix: bool | 
     tokens), each part in its own forward: parts whose prompts differ (demonstrations with a picture, route
     questions on text alone, whose prompts all share one prefix) would each lose their shared prefix in one
     batch, and pad to the longest of the other: measured 1.67 s for 8 demonstrations and 56 route questions in
-    one forward, 0.88 s in two. Empty parts are skipped. Raises: ValueError if every part is empty."""
+    one forward, 0.88 s in two. Empty parts are skipped.
+    Returns: a scalar tensor with gradient, nats per demonstrated token. Raises: ValueError if every part is empty."""
     parts = [p for p in parts if p]
     if len(parts) <= 1:
         return demonstration_nll(policy, parts[0] if parts else [], shared_prefix=shared_prefix)
@@ -582,7 +583,8 @@ def route_mix_problem(env_spec: EnvSpec, route_mix: int) -> str | None:
 
 def route_prompt(env_spec: EnvSpec, policy: Any) -> Any:
     """The opening turn of a route question: the env's system prompt and first user text, without the picture
-    (``TurnTokens``; the same for every question, so built once)."""
+    (``TurnTokens``: input_ids [T] and no image inputs; the same for every question, so built once). Needs an env
+    with ``train_seed_stream`` (the first training task supplies the user text)."""
     env = env_spec.make()
     obs = env.reset(next(iter(env_spec.train_seed_stream(0))))
     return policy.chat.user_turn(obs.text, [], system=env.system_prompt, first=True)

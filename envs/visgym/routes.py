@@ -102,8 +102,9 @@ def route_example(size: int, rng: np.random.Generator, held_out_walls: AbstractS
             continue
         if budget is not None and len(moves) + 1 > budget:
             continue
-        notes = map_notes(walls_answer(maze_map)[0], start, goal)
-        text = fmt.format(moves + [STOP], walls=walls_answer(maze_map)[0], start=start, goal=goal)
+        transcription = walls_answer(maze_map)[0]
+        notes = map_notes(transcription, start, goal)
+        text = fmt.format(moves + [STOP], walls=transcription, start=start, goal=goal)
         return RouteExample(kind, notes, text[len(notes):], walls)
     raise ValueError(f"no route question left to draw on {size}x{size} mazes after 1000 tries: the holdout "
                      f"({len(held_out_walls)} wall patterns) or the budget ({budget}) excludes them")
