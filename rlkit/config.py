@@ -31,6 +31,8 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.start_from_env": None,  # session 23
     "sft.start_from_experiment": None,  # session 24
     "sft.route_mix": 0,  # session 28
+    "algorithm.route_coef": 0.0,  # session 29
+    "algorithm.route_batch": 32,  # session 29
 }
 
 
@@ -110,6 +112,15 @@ class AlgorithmConfig:
     # Which tasks are demonstrated: those whose group had at most demo_max_successes successes (0 = only
     # the all-fail tasks, ReLIFT's hardest; 1 = also the ones a single sample solved). < group_size.
     demo_max_successes: int = 0
+    # Route questions on text inside the GRPO update (session 29): each step, route_batch route questions
+    # (the env's route_example: a maze's walls and both ends written as env.parser=plan_map's notes, then the
+    # solver's route; no image; loss on the route only, rlkit.sft.encode_route_example) drawn fresh from
+    # mazes of every kind the env generates, and route_coef x their mean NLL per token is added to the
+    # update's first optimizer step, like demo_coef's term: the step from notes to route keeps being taught
+    # on mazes no picture shows while GRPO fits the pictured ones. 0 = off. Needs env.parser=plan_map and
+    # backend=native.
+    route_coef: float = 0.0
+    route_batch: int = 32
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
@@ -408,6 +419,8 @@ RANGES: dict[str, Range] = {
     "algorithm.demo_coef": Range(0, note="0 = no demonstration loss"),
     "algorithm.demo_max_tasks": Range(1, integer=True),
     "algorithm.demo_max_successes": Range(0, integer=True, note="0 = only the tasks whose samples all failed"),
+    "algorithm.route_coef": Range(0, note="0 = no route questions in the update"),
+    "algorithm.route_batch": Range(1, integer=True, note="route questions a GRPO step"),
     "algorithm.update_epochs": Range(1, integer=True, note="passes over each step's batch"),
     "algorithm.mini_batch_size": Range(1, integer=True, none=True, note="null = the whole batch"),
     "algorithm.micro_batch_size": Range(1, integer=True),

@@ -566,18 +566,18 @@ def train_sft(
     return summary
 
 
-def route_mix_problem(env_spec: EnvSpec, route_mix: int) -> str | None:
-    """Why ``sft.route_mix=route_mix`` cannot run on ``env_spec`` (an env without route questions, or one whose
-    output format has no notes to route from), or None when it can (or is 0)."""
+def route_mix_problem(env_spec: EnvSpec, route_mix: float, key: str = "sft.route_mix") -> str | None:
+    """Why ``key=route_mix`` (``sft.route_mix``, or ``algorithm.route_coef``) cannot run on ``env_spec`` (an env
+    without route questions, or one whose output format has no notes to route from), or None when it can (or is 0)."""
     if not route_mix:
         return None
     if not callable(getattr(env_spec, "route_example", None)):
-        return (f"sft.route_mix={route_mix} needs route questions on text: an env with route_example (this one: "
-                f"{type(env_spec).__name__}); or set sft.route_mix=0")
+        return (f"{key}={route_mix} needs route questions on text: an env with route_example (this one: "
+                f"{type(env_spec).__name__}); or set {key}=0")
     if getattr(env_spec, "parser", "plan_map") != "plan_map":
-        return (f"sft.route_mix={route_mix} teaches the route after plan_map's notes (the walls and both ends); this "
+        return (f"{key}={route_mix} teaches the route after plan_map's notes (the walls and both ends); this "
                 f"env writes env.parser={env_spec.parser}. Set env.parser=plan_map (and rollout.max_new_tokens=64), "
-                f"or sft.route_mix=0")
+                f"or {key}=0")
     return None
 
 

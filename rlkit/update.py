@@ -97,6 +97,7 @@ def grpo_update(
     generator: torch.Generator,
     on_backward: Callable[[], None] | None = None,
     demonstrations: list[Trajectory] | None = None,
+    route_questions: list[Trajectory] | None = None,
 ) -> dict[str, float]:
     """Run the GRPO update on one step's batch; return policy/* metrics (means over optimizer steps).
 
@@ -112,16 +113,21 @@ def grpo_update(
             is added to the loss of the first optimizer step (ReLIFT, Ma et al. 2025). Ignored when
             demo_coef is 0. With no kept sequence, that step runs on the demonstrations alone.
             Adds demo/nll (before the step) to the metrics.
+        route_questions: route questions on text (rlkit.sft.encode_route_example) for the ``cfg.route_coef``
+            term: ``route_coef x`` their mean NLL per route token, added to the first optimizer step as the
+            demonstrations' term is (its own forward: no image, other prompts). Ignored when route_coef is 0.
+            Adds route/nll (before the step) to the metrics.
     """
     keep = kept_sequences(trajectories, advantages, cfg)
     demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
-    if not keep and not demos:
+    routes = list(route_questions or []) if cfg.route_coef > 0 else []
+    if not keep and not demos and not routes:
         return {"policy/skipped": 1.0}
     mini = cfg.mini_batch_size or len(keep)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     n_opt = 0
-    demo_nll = None
+    demo_nll = route_nll = None
     for _ in range(cfg.update_epochs if keep else 1):
         for batch in minibatches(trajectories, keep, mini, generator) if keep else [[]]:
             stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward) if batch else {}
@@ -131,6 +137,12 @@ def grpo_update(
                 nll = demonstration_nll(policy, demos)
                 (cfg.demo_coef * nll).backward()
                 demo_nll = float(nll.detach())
+            if routes and route_nll is None:
+                from rlkit.sft import demonstration_nll
+
+                nll = demonstration_nll(policy, routes)
+                (cfg.route_coef * nll).backward()
+                route_nll = float(nll.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -147,6 +159,8 @@ def grpo_update(
     out["policy/optimizer_steps"] = float(n_opt)
     if demo_nll is not None:
         out["demo/nll"] = demo_nll
+    if route_nll is not None:
+        out["route/nll"] = route_nll
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
 

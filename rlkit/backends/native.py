@@ -136,6 +136,8 @@ class NativeBackend:
 class NativeRun:
     #: algorithm.selective_rollout_explore's rlkit.tasks.SolvedTaskFilter (set in setup; None = off)
     task_filter: SolvedTaskFilter | None = None
+    #: whether this backend's update runs the algorithm.route_coef term (backend=native_ray's ranks do not)
+    route_term: bool = True
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -197,6 +199,10 @@ class NativeRun:
             problem = route_mix_problem(self.env_spec, int(stage.get("route_mix") or 0))
             if problem:
                 raise ConfigError(problem)
+        problem = route_mix_problem(self.env_spec, self.algo.route_coef, "algorithm.route_coef")
+        if problem:
+            raise ConfigError(problem)
+        self._route_prompt: Any = None  # the route questions' opening turn, built at the first step that needs it
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
@@ -282,6 +288,10 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if self.algo.route_coef > 0 and not self.route_term:
+            problems.append(f"algorithm.route_coef={self.algo.route_coef}: the route-question term runs in "
+                            "backend=native only (the native_ray ranks' update has no such term yet); use "
+                            "backend=native, or algorithm.route_coef=0")
         if not cfg.policy.get("lora", {}).get("enabled", True):
             problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
                             "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
@@ -893,13 +903,27 @@ class NativeRun:
         update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
                              temperature=self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0,
                              generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step),
-                             demonstrations=demonstrations)
+                             demonstrations=demonstrations, route_questions=self._route_questions(step))
         with warnings.catch_warnings():
             # a skipped update (no group with signal) still advances the schedule, which is per GRPO step;
             # torch warns when that happens before the first optimizer step
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
             self.scheduler.step()
         return update
+
+    def _route_questions(self, step: int) -> list[Any] | None:
+        """The ``algorithm.route_coef`` term's ``route_batch`` route questions of step ``step`` (None when the
+        term is off): drawn from a generator seeded by the run's seed and the step, so a resumed run trains on
+        the questions it would have."""
+        if self.algo.route_coef <= 0:
+            return None
+        from rlkit.sft import encode_route_example, route_prompt
+
+        if self._route_prompt is None:
+            self._route_prompt = route_prompt(self.env_spec, self.policy)
+        rng = np.random.default_rng([int(self.cfg.seed), step, 29])
+        return [encode_route_example(self.policy, self._route_prompt, self.env_spec.route_example(rng))
+                for _ in range(self.algo.route_batch)]
 
     def _sample_round(self, step: int, sampling: Any, timing: dict[str, float], seeds: list[int] | None = None,
                       group_size: int | None = None) -> tuple[list[Any], list[Any], dict[str, float]]:

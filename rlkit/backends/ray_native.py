@@ -118,6 +118,8 @@ class RemotePolicy:
 class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
+    route_term = False  # the ranks' update (rlkit.distributed.update) has no algorithm.route_coef term
+
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
         from rlkit.sync import run_key_for, sync_root

@@ -127,6 +127,7 @@ def test_same_training_tasks_as_the_native_sampler():
     [
         ("algorithm.entropy_coef=0.01", "algorithm.entropy_coef"),
         ("algorithm.demo_coef=0.3", "algorithm.demo_coef"),
+        ("algorithm.route_coef=0.3", "algorithm.route_coef"),
         ("algorithm.filter_zero_variance_groups=true", "algorithm.filter_zero_variance_groups"),
         ("algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_max_rounds"),
         ("algorithm.screening_samples=4", "algorithm.screening_samples"),

@@ -31,7 +31,7 @@ def _batch(policy, env, seeds=(11, 12), g=4):
     return trajs, adv
 
 
-def _update_grad(policy, trajs, adv, cfg, demonstrations=None):
+def _update_grad(policy, trajs, adv, cfg, demonstrations=None, route_questions=None):
     """(metrics, accumulated gradient, token positions embedded) of one grpo_update with lr 0 (the step changes nothing)."""
     model = copy.deepcopy(policy.model)
     shadow = copy.copy(policy)
@@ -51,7 +51,7 @@ def _update_grad(policy, trajs, adv, cfg, demonstrations=None):
     hook = embed.register_forward_hook(lambda mod, args, out: tokens.__setitem__(0, tokens[0] + args[0].numel()))
     try:
         metrics = grpo_update(shadow, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(0),
-                              demonstrations=demonstrations)
+                              demonstrations=demonstrations, route_questions=route_questions)
     finally:
         hook.remove()
     return metrics, captured.get("g"), tokens[0]  # no gradient when the update was skipped

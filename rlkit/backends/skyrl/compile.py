@@ -412,6 +412,11 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native and native_ray only "
             "(SkyRL's trainer computes its own loss); set it to 0"
         )
+    if algo.route_coef != 0.0:
+        problems.append(
+            f"algorithm.route_coef={algo.route_coef}: the route-question term runs in backend=native only "
+            "(SkyRL's trainer computes its own loss); set it to 0"
+        )
     if algo.demo_max_successes != 0:
         problems.append(
             f"algorithm.demo_max_successes={algo.demo_max_successes} picks the demonstration loss's tasks, which runs in "
