@@ -57,9 +57,20 @@ _ENV_KEYS_ADDED_LATER: dict[str, Any] = {k[len("env."):]: v for k, v in KEYS_ADD
                                          if k.startswith("env.")}
 
 
-def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> str:
+def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None, prompt: str | None = None) -> str:
     """``cache_key_of(cache_key_inputs(...))``: the 16-hex-char cache key of a one-time build (see there)."""
-    return cache_key_of(cache_key_inputs(sft_cfg, env_cfg, policy_cfg, decoding))
+    return cache_key_of(cache_key_inputs(sft_cfg, env_cfg, policy_cfg, decoding, prompt))
+
+
+def prompt_fingerprint(env_spec: EnvSpec) -> str:
+    """The first 16 hex chars of the sha256 of the env's opening prompt: its system prompt and the first user
+    text of its first evaluation task. The prompt is the env's code, not its config, so a warm start keyed on
+    the config alone would be reused after the prompt text changed, though it learned to answer another prompt;
+    the warm-start keys hash this too (``cache_key_inputs``' ``prompt``)."""
+    env = env_spec.make()
+    obs = env.reset(env_spec.eval_seeds()[0])
+    text = f"{getattr(env, 'system_prompt', None) or ''}\n{getattr(obs, 'text', '')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cache_key_of(inputs: dict[str, Any]) -> str:
@@ -68,7 +79,8 @@ def cache_key_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None) -> dict[str, Any]:
+def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = None,
+                     prompt: str | None = None) -> dict[str, Any]:
     """What determines a one-time build's checkpoint, as its cache key hashes it: the sft, env and policy configs, the
     builder version (SFT_BUILDER_VERSION) and, for a policy loaded from a local checkpoint folder, that
     checkpoint's content fingerprint (``checkpoint_fingerprint``) instead of its path.
@@ -76,13 +88,15 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
     ``decoding``: what else the stage's outcome depends on, hashed as given when not None. The SFT
     stage passes its greedy validation's ``max_new_tokens`` and stop strings (``rollout.*``): they
     decide the val success at which it stops, so another value must build another warm start.
+    ``prompt``: the env's ``prompt_fingerprint``, hashed when not None (the SFT stages pass it: their
+    demonstrations answer that prompt; an edited prompt text must build another warm start).
 
     Location does not count: ``policy.cache_dir`` is left out, so a copied or shared cache
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
     ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
     ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0, or ``env.holdout`` when it is
     "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid).
-    Returns a dict {sft, env, policy, builder_version[, decoding]} of plain values; a build records it
+    Returns a dict {sft, env, policy, builder_version[, decoding][, prompt]} of plain values; a build records it
     (``build`` in its summary) so that a cache entry says what it is (scripts/cache.py).
     """
     def plain(v: Any) -> Any:
@@ -101,6 +115,8 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
     content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
     if decoding is not None:
         content["decoding"] = plain(decoding)
+    if prompt is not None:
+        content["prompt"] = prompt
     return content
 
 

@@ -466,13 +466,14 @@ class NativeRun:
         continues from the previous one's checkpoint (rlkit.sft.sft_stage_configs); the last stage's
         checkpoint is the warm start.
         """
-        from rlkit.sft import cache_key_inputs, cache_key_of, sft_stage_config, sft_stage_configs
+        from rlkit.sft import cache_key_inputs, cache_key_of, prompt_fingerprint, sft_stage_config, sft_stage_configs
 
         cfg = self.cfg
         stages = sft_stage_configs(cfg.sft)
         sft_key = sft_stage_config(cfg.sft)
         # the greedy validation that decides where the stage stops decodes with these
         decoding = {"max_new_tokens": self.rollout_cfg.max_new_tokens, "stop": list(self.stop or [])}
+        prompt = prompt_fingerprint(self.env_spec)  # the demonstrations answer this prompt (code, not config)
         label = "" if len(stages) == 1 else f" stage 1/{len(stages)}"
         source = self._start_from()
         if source:
@@ -481,7 +482,7 @@ class NativeRun:
                 self.progress.say(f"grounding: not run on this env; the warm start starts from the warm start of "
                                   f"{source} (sft.start_from_{source.split('=')[0]})")
             policy = self._chained_policy(start)
-            inputs = cache_key_inputs(sft_key, cfg.env, policy, decoding)
+            inputs = cache_key_inputs(sft_key, cfg.env, policy, decoding, prompt)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), start, self.sft_cfg,
                                       make_engine, SamplingParams, label=label, policy_cfg=policy,
                                       build={"stage": f"sft{label}", "start": start, "inputs": inputs})
@@ -490,14 +491,14 @@ class NativeRun:
             # A warm start from a grounded base also depends on how that base was grounded.
             stage_key = sft_key if grounded is None else {
                 "sft": sft_key, "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
-            inputs = cache_key_inputs(stage_key, cfg.env, cfg.policy, decoding)
+            inputs = cache_key_inputs(stage_key, cfg.env, cfg.policy, decoding, prompt)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), grounded, self.sft_cfg,
                                       make_engine, SamplingParams, label=label,
                                       build={"stage": f"sft{label}", "start": grounded, "inputs": inputs})
         for i, stage in enumerate(stages[1:], start=2):
             # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
             policy = self._chained_policy(out_dir)
-            inputs = cache_key_inputs(sft_stage_config(stage), cfg.env, policy, decoding)
+            inputs = cache_key_inputs(sft_stage_config(stage), cfg.env, policy, decoding, prompt)
             label = f" stage {i}/{len(stages)} (sft.stages[{i - 2}])"
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), str(out_dir),
                                       SFTConfig(**stage), make_engine, SamplingParams, label=label, policy_cfg=policy,

@@ -173,3 +173,18 @@ def test_answers_the_rollouts_would_cut_are_refused_before_any_build_of_the_chai
     run.stop = stop_strings(run.rollout_cfg, run.env_spec)
     run.eval_seeds = run.env_spec.eval_seeds()
     run._check_answer_fits(run._tokenizer_before_builds())  # no error: 80 tokens hold every answer
+
+
+def test_an_edited_prompt_text_builds_another_warm_start(tmp_path, monkeypatch):
+    """The env's prompt is code, not config: the warm-start key hashes it (rlkit.sft.prompt_fingerprint), so a
+    warm start that learned to answer the old text is not reused for the new one."""
+    import envs.visgym.episode as episode
+
+    cfg = ["grounding.enabled=false"]
+    first = _warm_start(_cfg(tmp_path, *cfg))
+    assert _warm_start(_cfg(tmp_path, *cfg)) == first  # the same prompt: reused
+    original = episode.system_prompt
+    monkeypatch.setattr(episode, "system_prompt", lambda *a: original(*a) + " Think before you answer.")
+    edited = _warm_start(_cfg(tmp_path, *cfg))
+    assert edited != first
+    assert len(list((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))) == 2
