@@ -9,7 +9,7 @@ the 64 evaluation mazes (their walls are never in a route question) and on fresh
 (envs/visgym/routes.py).
 
     .venv/bin/python scripts/route_accuracy.py .cache/sft/<a plan_map warm start>
-    .venv/bin/python scripts/route_accuracy.py <run>/checkpoints/step_000300 --base .cache/sft/<its warm start>
+    .venv/bin/python scripts/route_accuracy.py <run>/checkpoints/step_000300     # or <run>/adapter
 
 Prints one line per set: ``route from notes: <set> <exact>% of <n>``. About 10 s on one core.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
+import json
 
 import numpy as np
 import torch
@@ -29,21 +30,36 @@ from rlkit.grounding import GroundingItem, token_hits
 from rlkit.sft import encode_route_example, route_prompt
 
 
+def adapter_folder(path: Path) -> Path | None:
+    """The LoRA adapter folder at ``path`` (a run's ``adapter/``) or inside it (a GRPO checkpoint's), else None."""
+    for folder in (path, path / "adapter"):
+        if (folder / "adapter_config.json").is_file():
+            return folder
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", help="a full checkpoint folder (a warm start), or a LoRA adapter folder with --base")
-    p.add_argument("--base", default=None, help="the base checkpoint under a LoRA adapter (the run's warm start)")
+    p.add_argument("checkpoint", help="a full checkpoint folder (a warm start), a GRPO checkpoint folder or a run's "
+                                      "LoRA adapter folder")
+    p.add_argument("--base", default=None, help="the base checkpoint under a LoRA adapter (default: the base_model its "
+                                                "rlkit_adapter.json records, the run's warm start)")
     p.add_argument("--variant", default="small", choices=sorted(VARIANT_SIZES))
     p.add_argument("--fresh", type=int, default=256, help="fresh route questions per kind (0 = none)")
     a = p.parse_args()
     torch.set_num_threads(1)
     from rlkit.policy import load_policy
 
-    if a.base:
-        policy = load_policy(name="route_accuracy", path=a.base, device="cpu", lora={"enabled": False})
+    adapter = adapter_folder(Path(a.checkpoint))
+    if adapter is not None:
+        record = adapter / "rlkit_adapter.json"
+        base = a.base or (json.loads(record.read_text()).get("base_model") if record.is_file() else None)
+        if base is None:
+            p.error(f"{adapter} holds a LoRA adapter without rlkit_adapter.json: name its base checkpoint with --base")
+        policy = load_policy(name="route_accuracy", path=base, device="cpu", lora={"enabled": False})
         from peft import PeftModel
 
-        policy.model = PeftModel.from_pretrained(policy.model, a.checkpoint)
+        policy.model = PeftModel.from_pretrained(policy.model, str(adapter))
     else:
         policy = load_policy(name="route_accuracy", path=a.checkpoint, device="cpu", lora={"enabled": False})
     env = VisGymMaze(variant=a.variant, mode="plan", parser="plan_map", max_turns=17 if a.variant == "small" else 18)
