@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 export WANDB_MODE=offline WANDB_SILENT=true
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the 20 slowest tests close the report, to keep the suite under its 15 minutes
+exec .venv/bin/python -m pytest -q --durations=20 "$@"
