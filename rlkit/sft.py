@@ -63,13 +63,17 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
 
 
 def prompt_fingerprint(env_spec: EnvSpec) -> str:
-    """The first 16 hex chars of the sha256 of the env's opening prompt: its system prompt and the first user
-    text of its first evaluation task. The prompt is the env's code, not its config, so a warm start keyed on
-    the config alone would be reused after the prompt text changed, though it learned to answer another prompt;
-    the warm-start keys hash this too (``cache_key_inputs``' ``prompt``)."""
+    """The first 16 hex chars of the sha256 of the env's opening prompt and the answer a warm start learns for it:
+    its system prompt, the first user text of its first evaluation task and, where the env has a solver
+    (``demonstration``), that task's demonstrated answers. Both are the env's code, not its config, so a warm
+    start keyed on the config alone would be reused after either text changed, though it learned another
+    prompt or another answer format; the warm-start keys hash this too (``cache_key_inputs``' ``prompt``)."""
     env = env_spec.make()
-    obs = env.reset(env_spec.eval_seeds()[0])
-    text = f"{getattr(env, 'system_prompt', None) or ''}\n{getattr(obs, 'text', '')}"
+    seed = env_spec.eval_seeds()[0]
+    obs = env.reset(seed)
+    demonstration = getattr(env, "demonstration", None)
+    answers = demonstration(seed) if callable(demonstration) else []
+    text = "\n".join([getattr(env, "system_prompt", None) or "", getattr(obs, "text", ""), *answers])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

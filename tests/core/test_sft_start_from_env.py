@@ -188,3 +188,18 @@ def test_an_edited_prompt_text_builds_another_warm_start(tmp_path, monkeypatch):
     edited = _warm_start(_cfg(tmp_path, *cfg))
     assert edited != first
     assert len(list((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))) == 2
+
+
+def test_the_fingerprint_hashes_the_prompt_and_the_demonstrated_answer(monkeypatch):
+    import envs.visgym.episode as episode
+    from rlkit.sft import prompt_fingerprint
+
+    def env(parser="plan"):
+        return instantiate_plugin(OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "small",
+                                                    "mode": "plan", "parser": parser, "max_turns": 17}), "env")
+
+    plain = prompt_fingerprint(env())
+    assert prompt_fingerprint(env()) == plain and prompt_fingerprint(env("plan_map")) != plain
+    original = episode.demonstration_texts
+    monkeypatch.setattr(episode, "demonstration_texts", lambda *a: [t.upper() for t in original(*a)])
+    assert prompt_fingerprint(env()) != plain  # another answer format: another warm start
