@@ -188,7 +188,11 @@ def test_resume_boundaries_train_exactly_the_remaining_steps(tmp_path, cache):
     again = _train(run, cache, ["steps=2"])  # after the last step: nothing left to train
     assert "at step 2" in again.stdout
     assert [s["step"] for s in _steps(run) if "reward/mean" in s] == [1, 2]
-    _train(run, cache, ["steps=3"])  # extend by one step
+    # extend by one step, under a cache where today's config keys no build: the adapter goes back on the warm start
+    # it was trained on (its rlkit_adapter.json), nothing is built
+    moved = _train(run, tmp_path / "other_cache", ["steps=3"])
+    assert f"resuming on the warm start the run started from: {cache}" in moved.stdout
+    assert not (tmp_path / "other_cache" / "sft").exists() and "building" not in moved.stdout
     assert [s["step"] for s in _steps(run) if "reward/mean" in s] == [1, 2, 3]
     assert json.loads((run / "result.json").read_text())["steps_completed"] == 3
 

@@ -253,10 +253,12 @@ def test_selective_rollout_records_every_group_and_checkpoints_its_streaks(tmp_p
     assert [r["dynamic/skipped_tasks"] for r in lines if "dynamic/skipped_tasks" in r] == [0.0, 0.0]
 
 
-def test_demo_loss_runs_end_to_end(tmp_path):
-    # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration
+def test_demo_loss_and_route_questions_run_end_to_end(tmp_path):
+    # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration; each update
+    # also trains on 4 route questions on text (algorithm.route_coef, after plan_map's notes)
     out = tmp_path / "run"
-    _run(["experiment=smoke", "algorithm.demo_coef=0.5", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"],
+    _run(["experiment=smoke", "algorithm.demo_coef=0.5", "env.parser=plan_map", "rollout.max_new_tokens=64",
+          "algorithm.route_coef=0.3", "algorithm.route_batch=4", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"],
          tmp_path)
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [ln for ln in lines if "reward/mean" in ln]
@@ -267,6 +269,7 @@ def test_demo_loss_runs_end_to_end(tmp_path):
         if ln["demo/tasks"]:
             assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
     assert sum(ln["demo/tasks"] for ln in steps) >= 1
+    assert all(ln["route/nll"] > 0 and ln["timing/route"] >= 0 for ln in steps) and len(steps) == 2
 
 
 def test_screening_runs_end_to_end_and_demonstrates_the_tasks_it_screened_out(tmp_path):

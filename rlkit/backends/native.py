@@ -221,11 +221,18 @@ class NativeRun:
             self._check_answer_fits(self._tokenizer_before_builds())
         # the builds (grounding, warm start) run here alone, before any worker starts, on trainer.build_threads
         torch.set_num_threads(build_threads(self.trainer.build_threads))
+        recorded = self._recorded_base(resume_from) if resume_from is not None else None
         try:
-            base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
-                         else self._grounded_base())
+            if recorded is not None:  # the adapter goes back on the weights it was trained on, whatever keys them now
+                base_path = recorded
+                self.progress.say(f"resuming on the warm start the run started from: {recorded}")
+            else:
+                base_path = (self._warm_start(load_policy, make_engine, SamplingParams) if self.sft_cfg.enabled
+                             else self._grounded_base())
         finally:
             torch.set_num_threads(threads)
+        if resume_from is not None and recorded is None:
+            self._warn_if_other_base(resume_from, base_path)
         self.base_path = base_path  # the warm start (or grounded base) this run starts from; result.json names it
         # control=fixed_image: a training task whose first picture every env shows (after the warm start, so
         # the control starts from the same policy). Drawn before _build_policy: native_ray's rollout workers
@@ -288,6 +295,9 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        if self.algo.route_coef == 0 and self.algo.route_batch != AlgorithmConfig.route_batch:
+            problems.append(f"algorithm.route_batch={self.algo.route_batch} sizes the route-question term, which is off "
+                            "(algorithm.route_coef=0): set route_coef > 0, or drop route_batch")
         if self.algo.route_coef > 0 and not self.route_term:
             problems.append(f"algorithm.route_coef={self.algo.route_coef}: the route-question term runs in "
                             "backend=native only (the native_ray ranks' update has no such term yet); use "
@@ -678,6 +688,34 @@ class NativeRun:
             )
         return path
 
+    def _recorded_base(self, path: Path) -> str | None:
+        """The built stage (warm start or grounded base) the checkpoint at ``path`` was trained on, as its adapter
+        records it (``rlkit_adapter.json``'s base_model), when it still exists as a finished build; else None.
+
+        A resumed run puts its adapter back on those weights rather than on what the config keys today: a key
+        that now hashes more (the env's prompt, session 29) or a build rounded on another CPU would otherwise
+        rebuild a warm start and stack the adapter on other weights."""
+        if not (self.sft_cfg.enabled or self.grounding_cfg.enabled):
+            return None  # the base is policy.path itself
+        meta = path / "adapter" / "rlkit_adapter.json"
+        try:
+            base = json.loads(meta.read_text()).get("base_model")
+        except (OSError, ValueError):
+            return None
+        if not base or not any((Path(base) / f).is_file() for f in ("sft_summary.json", "grounding_summary.json")):
+            return None
+        return str(base)
+
+    def _warn_if_other_base(self, path: Path, base_path: str | None) -> None:
+        """Say so when a resumed run's base is not the one its checkpoint recorded (that build is gone)."""
+        try:
+            base = json.loads((path / "adapter" / "rlkit_adapter.json").read_text()).get("base_model")
+        except (OSError, ValueError):
+            return
+        if base and base_path and Path(base).name != Path(base_path).name:
+            self.progress.say(f"warning: the checkpoint's adapter was trained on {base}, which is gone; it resumes "
+                              f"on {base_path}, built from today's config (other weights where the build differs)")
+
     def _resume(self, path: Path | None) -> None:
         """Load the checkpoint at ``path`` (from ``_resume_path``, checked by ``_check_same_experiment``), or start fresh.
 
@@ -901,10 +939,15 @@ class NativeRun:
                 demonstrations: list[Any] | None = None) -> dict[str, float]:
         """Hook: the GRPO update on this step's batch (+ the demo_coef term on ``demonstrations``) and the
         LR scheduler step; policy/* metrics."""
+        t0 = time.time()
+        routes = self._route_questions(step)
+        route_s = time.time() - t0
         update = grpo_update(self.policy, self.optimizer, trajs, advantages, self.algo,
                              temperature=self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0,
                              generator=self.shuffle_gen, on_backward=lambda: maybe_crash("update", step),
-                             demonstrations=demonstrations, route_questions=self._route_questions(step))
+                             demonstrations=demonstrations, route_questions=routes)
+        if routes is not None:
+            update["timing/route"] = route_s  # drawing and encoding them (their forward is in the update's time)
         with warnings.catch_warnings():
             # a skipped update (no group with signal) still advances the schedule, which is per GRPO step;
             # torch warns when that happens before the first optimizer step
