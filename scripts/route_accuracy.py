@@ -38,6 +38,19 @@ def adapter_folder(path: Path) -> Path | None:
     return None
 
 
+def recorded_base(adapter: Path) -> str | None:
+    """The base checkpoint a run's adapter was trained on: rlkit_adapter.json's base_model, else peft's
+    adapter_config.json base_model_name_or_path; None when neither names one."""
+    for name, key in (("rlkit_adapter.json", "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        try:
+            base = json.loads((adapter / name).read_text()).get(key)
+        except (OSError, ValueError):
+            continue
+        if base:
+            return str(base)
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a full checkpoint folder (a warm start), a GRPO checkpoint folder or a run's "
@@ -52,10 +65,12 @@ def main() -> None:
 
     adapter = adapter_folder(Path(a.checkpoint))
     if adapter is not None:
-        record = adapter / "rlkit_adapter.json"
-        base = a.base or (json.loads(record.read_text()).get("base_model") if record.is_file() else None)
+        base = a.base or recorded_base(adapter)
         if base is None:
-            p.error(f"{adapter} holds a LoRA adapter without rlkit_adapter.json: name its base checkpoint with --base")
+            p.error(f"{adapter} holds a LoRA adapter that names no base checkpoint: name it with --base")
+        if not Path(base).is_dir():
+            p.error(f"the adapter's base checkpoint {base} is not here (another machine's or a moved cache?): name "
+                    "it with --base")
         policy = load_policy(name="route_accuracy", path=base, device="cpu", lora={"enabled": False})
         from peft import PeftModel
 

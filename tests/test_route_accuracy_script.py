@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from scripts.route_accuracy import adapter_folder, main
+from scripts.route_accuracy import adapter_folder, main, recorded_base
 
 
 def test_the_adapter_is_found_in_a_grpo_checkpoint_or_named_directly(tmp_path):
@@ -22,4 +22,15 @@ def test_an_adapter_without_its_base_is_refused_with_the_fix(tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", ["route_accuracy.py", str(tmp_path)])
     with pytest.raises(SystemExit) as stop:
         main()
-    assert stop.value.code == 2 and "name its base checkpoint with --base" in capsys.readouterr().err
+    assert stop.value.code == 2 and "names no base checkpoint: name it with --base" in capsys.readouterr().err
+    (tmp_path / "rlkit_adapter.json").write_text(json.dumps({"base_model": str(tmp_path / "gone")}))
+    with pytest.raises(SystemExit):
+        main()
+    assert f"base checkpoint {tmp_path / 'gone'} is not here" in capsys.readouterr().err
+
+
+def test_the_base_is_what_the_run_recorded(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/peft/base"}))
+    assert recorded_base(tmp_path) == "/peft/base"  # peft's record where rlkit's is missing
+    (tmp_path / "rlkit_adapter.json").write_text(json.dumps({"base_model": "/rlkit/base", "version": 3}))
+    assert recorded_base(tmp_path) == "/rlkit/base"
