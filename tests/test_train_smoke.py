@@ -110,17 +110,12 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
     assert "1 of 2 jobs failed" in out and "lr=-1.0 must be > 0" in out
 
 
+# Through train.py: a compose-time refusal (a typo'd key) and a setup-time one, each printed as one line and kept
+# in the run folder's error.txt. The other refusals below are checked in-process (the same NativeRun.setup that
+# train.py runs; about 7 s of the 15-minute suite saved apiece).
 @pytest.mark.parametrize("override, message", [
     ("eval.num_tasks=0", "eval.num_tasks=0"),
-    ("eval.num_tasks=1000", "eval.num_tasks=1000"),
-    ("logger.mode=ofline", "logger.mode='ofline'"),
     ("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_hihg"),
-    ("env.parser=keyword", "does not fit"),
-    ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
-    ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
-    ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
-    ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
-    ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
 ])
 def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -132,6 +127,27 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     assert "Traceback" not in proc.stderr and "[rlkit] config error:" in proc.stderr  # the message, no stack
     assert "SFT warm start" not in proc.stdout  # refused before the long part of the run
     assert message.split("=")[0].strip("'+") in (tmp_path / "run" / "error.txt").read_text()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.num_tasks=1000", "eval.num_tasks=1000"),
+    ("logger.mode=ofline", "logger.mode='ofline'"),
+    ("env.parser=keyword", "does not fit"),
+    ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
+    ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
+    ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
+    ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
+    ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
+])
+def test_bad_config_is_refused_in_setup_before_any_build(override, message, tmp_path):
+    from rlkit.backends.native import NativeRun
+    from rlkit.run import ConfigError
+    from tests.core.test_sft_start_from_env import _cfg
+
+    with pytest.raises(ConfigError) as refused:
+        NativeRun(_cfg(tmp_path, *override.split())).setup()
+    assert message in str(refused.value)
+    assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
 
 
 #: Range and later-stage problems: all found by one check (rlkit.config.check_ranges) and reported together, so one
