@@ -283,3 +283,42 @@ def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
     # policy/lr is the lr step k ran with: 1e-3 x 0.5 * (1 + cos(pi * (k - 1) / total)); step 1 under steps=1,
     # steps 2 and 3 under the new total 3 (the old total would have given step 2 an lr of 0)
     assert lrs == {1: pytest.approx(1e-3), 2: pytest.approx(1e-3 * 0.75), 3: pytest.approx(1e-3 * 0.25)}
+
+
+def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoint_base(tmp_path):
+    """NativeRun._recorded_base: the adapter's recorded warm start at its path, else under this run's cache (the
+    entry's name is its key), else None; none for a run whose base is policy.path; a warning when it was built for
+    another prompt than the env's today."""
+    import types
+
+    from omegaconf import OmegaConf
+
+    from envs.visgym.spec import VisGymMaze
+    from rlkit.backends.native import NativeRun
+    from rlkit.sft import prompt_fingerprint
+
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    said = []
+    old = tmp_path / "old_cache" / "sft" / "0123abcd"
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    (ckpt / "adapter").mkdir(parents=True)
+    (ckpt / "adapter" / "rlkit_adapter.json").write_text(json.dumps({"base_model": str(old)}))
+
+    def run(cache, sft=True, grounding=True, policy_path=None):
+        cfg = OmegaConf.create({"paths": {"cache_dir": str(cache)}, "policy": {"path": policy_path}})
+        stub = types.SimpleNamespace(cfg=cfg, sft_cfg=types.SimpleNamespace(enabled=sft), env_spec=env,
+                                     grounding_cfg=types.SimpleNamespace(enabled=grounding),
+                                     progress=types.SimpleNamespace(say=said.append))
+        return NativeRun._recorded_base(stub, ckpt)
+
+    assert run(tmp_path / "new_cache") is None  # no finished build anywhere: build as configured
+    moved = tmp_path / "new_cache" / "sft" / "0123abcd"
+    moved.mkdir(parents=True)
+    (moved / "sft_summary.json").write_text(json.dumps({"build": {"inputs": {"prompt": prompt_fingerprint(env)}}}))
+    assert run(tmp_path / "new_cache") == str(moved) and said == []
+    old.mkdir(parents=True)
+    (old / "sft_summary.json").write_text(json.dumps({"build": {"inputs": {"prompt": "another"}}}))
+    assert run(tmp_path / "new_cache") == str(old)  # the recorded path first
+    assert len(said) == 1 and "built for another prompt or answer format" in said[0]
+    assert run(tmp_path / "new_cache", sft=False, policy_path="/some/ckpt") is None  # its base is policy.path
+    assert run(tmp_path / "new_cache", sft=False, grounding=False) is None

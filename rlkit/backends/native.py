@@ -295,9 +295,6 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
-        if self.algo.route_coef == 0 and self.algo.route_batch != AlgorithmConfig.route_batch:
-            problems.append(f"algorithm.route_batch={self.algo.route_batch} sizes the route-question term, which is off "
-                            "(algorithm.route_coef=0): set route_coef > 0, or drop route_batch")
         if self.algo.route_coef > 0 and not self.route_term:
             problems.append(f"algorithm.route_coef={self.algo.route_coef}: the route-question term runs in "
                             "backend=native only (the native_ray ranks' update has no such term yet); use "
@@ -690,21 +687,40 @@ class NativeRun:
 
     def _recorded_base(self, path: Path) -> str | None:
         """The built stage (warm start or grounded base) the checkpoint at ``path`` was trained on, as its adapter
-        records it (``rlkit_adapter.json``'s base_model), when it still exists as a finished build; else None.
+        records it (``rlkit_adapter.json``'s base_model), when it still exists as a finished build: at the recorded
+        path, or under this run's ``paths.cache_dir`` (a moved or shared cache keeps its entries' names); else None.
 
         A resumed run puts its adapter back on those weights rather than on what the config keys today: a key
         that now hashes more (the env's prompt, session 29) or a build rounded on another CPU would otherwise
-        rebuild a warm start and stack the adapter on other weights."""
-        if not (self.sft_cfg.enabled or self.grounding_cfg.enabled):
-            return None  # the base is policy.path itself
+        rebuild a warm start and stack the adapter on other weights. Says so when that warm start was built for
+        another prompt or answer format than the env's today (``rlkit.sft.prompt_fingerprint``)."""
+        if not self.sft_cfg.enabled and (not self.grounding_cfg.enabled or self.cfg.policy.get("path") is not None):
+            return None  # the base is policy.path itself (no grounding stage runs on a checkpoint)
         meta = path / "adapter" / "rlkit_adapter.json"
         try:
             base = json.loads(meta.read_text()).get("base_model")
         except (OSError, ValueError):
             return None
-        if not base or not any((Path(base) / f).is_file() for f in ("sft_summary.json", "grounding_summary.json")):
+        if not base:
             return None
-        return str(base)
+        summaries = ("sft_summary.json", "grounding_summary.json")
+        for folder in (Path(base), Path(self.cfg.paths.cache_dir) / Path(base).parent.name / Path(base).name):
+            done = [folder / f for f in summaries if (folder / f).is_file()]
+            if done:
+                break
+        else:
+            return None
+        from rlkit.sft import prompt_fingerprint
+
+        try:
+            built_for = json.loads(done[0].read_text()).get("build", {}).get("inputs", {}).get("prompt")
+        except (OSError, ValueError):
+            built_for = None
+        if built_for is not None and built_for != prompt_fingerprint(self.env_spec):
+            self.progress.say(f"warning: the warm start {folder} was built for another prompt or answer format than "
+                              "the env's today; the resumed run goes on from it, as it started (start fresh to "
+                              "rebuild: trainer.resume_mode=none trainer.overwrite=true)")
+        return str(folder)
 
     def _warn_if_other_base(self, path: Path, base_path: str | None) -> None:
         """Say so when a resumed run's base is not the one its checkpoint recorded (that build is gone)."""

@@ -89,14 +89,11 @@ def test_the_ray_backend_refuses_the_term_with_the_fix(tmp_path):
     plain._validate()  # backend=native runs it
 
 
-def test_setup_refuses_the_term_without_notes_and_a_batch_without_the_term_before_any_build(tmp_path):
+def test_setup_refuses_the_term_without_notes_before_any_build(tmp_path):
     from rlkit.run import ConfigError
     from tests.core.test_sft_start_from_env import _cfg
 
     run = NativeRun(_cfg(tmp_path, "algorithm.route_coef=0.3"))  # the smoke writes env.parser=plan
     with pytest.raises(ConfigError, match=r"algorithm.route_coef=0.3 teaches the route after plan_map's notes"):
-        run.setup()
-    run = NativeRun(_cfg(tmp_path, "algorithm.route_batch=8"))
-    with pytest.raises(ConfigError, match=r"algorithm.route_batch=8 sizes the route-question term, which is off"):
         run.setup()
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
