@@ -696,11 +696,7 @@ class NativeRun:
         another prompt or answer format than the env's today (``rlkit.sft.prompt_fingerprint``)."""
         if not self.sft_cfg.enabled and (not self.grounding_cfg.enabled or self.cfg.policy.get("path") is not None):
             return None  # the base is policy.path itself (no grounding stage runs on a checkpoint)
-        meta = path / "adapter" / "rlkit_adapter.json"
-        try:
-            base = json.loads(meta.read_text()).get("base_model")
-        except (OSError, ValueError):
-            return None
+        base = _adapter_base_model(path)
         if not base:
             return None
         summaries = ("sft_summary.json", "grounding_summary.json")
@@ -724,10 +720,7 @@ class NativeRun:
 
     def _warn_if_other_base(self, path: Path, base_path: str | None) -> None:
         """Say so when a resumed run's base is not the one its checkpoint recorded (that build is gone)."""
-        try:
-            base = json.loads((path / "adapter" / "rlkit_adapter.json").read_text()).get("base_model")
-        except (OSError, ValueError):
-            return
+        base = _adapter_base_model(path)
         if base and base_path and Path(base).name != Path(base_path).name:
             self.progress.say(f"warning: the checkpoint's adapter was trained on {base}, which is gone; it resumes "
                               f"on {base_path}, built from today's config (other weights where the build differs)")
@@ -1346,6 +1339,15 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON-serialisable: {type(o)}")
+
+
+def _adapter_base_model(checkpoint: Path) -> str | None:
+    """The base checkpoint the adapter of the GRPO checkpoint folder ``checkpoint`` was trained on
+    (``adapter/rlkit_adapter.json``'s base_model, rlkit.sync), or None when it records none or cannot be read."""
+    try:
+        return json.loads((checkpoint / "adapter" / "rlkit_adapter.json").read_text()).get("base_model") or None
+    except (OSError, ValueError):
+        return None
 
 
 class _file_lock:
