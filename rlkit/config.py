@@ -33,6 +33,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "sft.route_mix": 0,  # session 28
     "algorithm.route_coef": 0.0,  # session 29
     "algorithm.route_batch": 32,  # session 29
+    "env.route_context": "picture",  # session 30
 }
 
 

@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -35,7 +36,7 @@ from omegaconf import OmegaConf
 
 from rlkit.config import KEYS_ADDED_LATER, SFTConfig
 from rlkit.evaluation import evaluate
-from rlkit.rollout import Trajectory
+from rlkit.rollout import Trajectory, route_in_text, with_continuations
 from rlkit.tasks import TaskSampler, training_sampler
 from rlkit.types import Episode, EnvSpec
 from rlkit.update import warmup_schedule
@@ -276,7 +277,46 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     record = Episode(seed=seed, turns=[], terminated=True, truncated=False, success=bool(env.success()))
     if not record.success:
         return None
+    if route_in_text(env_spec):
+        return _route_pass_demonstration(env_spec, policy, texts[0], tt, record)
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
+
+
+def _route_pass_demonstration(env_spec: EnvSpec, policy: Any, text: str, first_turn: Any, record: Episode) -> Trajectory:
+    """A single-turn demonstration ``text`` (notes, ``env_spec.route_opening``, route) in the route pass's two
+    sequences, as rlkit.rollout samples them: the picture's prompt then the notes and the opening (loss on both),
+    with the route question (``encode_route_example``: the text prompt, the notes, then the route, loss on the
+    route) as its continuation.
+
+    Raises: ValueError if ``text`` has no opening, or the opening does not end at a token boundary."""
+    from envs.visgym.routes import RouteExample
+
+    chat, tok, opening = policy.chat, policy.tokenizer, env_spec.route_opening
+    at = text.find(opening)
+    if at < 0:
+        raise ValueError(f"the demonstration {text[:40]!r}... has no {opening!r} to end its first pass at")
+    completion = chat.completion_ids(text)
+    k = _tokens_covering(tok, completion, at + len(opening))
+    end = chat.turn_end_ids("stop", opening)
+    ids = list(first_turn.input_ids) + completion[:k] + end
+    mask = [0] * len(first_turn.input_ids) + [1] * k + [0] * len(end)
+    example = RouteExample("corner", text[:at], text[at:], b"")
+    continuation = encode_route_example(policy, route_prompt(env_spec, policy), example)
+    continuation.episode = record
+    return Trajectory(ids, mask, [0.0] * len(ids), list(first_turn.image_inputs), record, group=0, policy_version=-1,
+                      continuation=continuation)
+
+
+def _tokens_covering(tok: Any, token_ids: list[int], n_chars: int) -> int:
+    """How many of ``token_ids`` spell exactly the first ``n_chars`` characters of their text.
+    Raises: ValueError when character ``n_chars`` falls inside a token."""
+    count, length = 0, 0
+    while length < n_chars and count < len(token_ids):
+        length += len(tok.decode([token_ids[count]]))
+        count += 1
+    if length != n_chars:
+        raise ValueError(f"character {n_chars} of the answer falls inside a token: the two passes cannot be split there")
+    return count
 
 
 def demonstration_trajectories(env_spec: EnvSpec, policy: Any, seeds: Iterable[int]) -> list[Trajectory]:
@@ -306,6 +346,7 @@ def demonstration_nll(policy: Any, demonstrations: list[Trajectory], shared_pref
     """
     if not demonstrations:
         raise ValueError("demonstration_nll needs at least one demonstration")
+    demonstrations = with_continuations(demonstrations)[0]  # a route pass's second sequence (rlkit.rollout)
     if shared_prefix is None:
         shared_prefix = batch_shares_prefix(policy)
     logprobs, _ = policy.logprobs(demonstrations, temperature=1.0, with_entropy=False,
@@ -550,6 +591,10 @@ def train_sft(
             batch = batch + [encode_example(policy, ex).trajectory
                              for ex in draw_examples(env_spec, g_sampler, grounding_tasks, cfg.grounding_mix, g_rng)]
         routes = [encode_route_example(policy, r_prompt, env_spec.route_example(r_rng)) for _ in range(route_mix)]
+        # route passes (env.route_context=text): the demonstrations' second sequences run with the route questions,
+        # whose text prompt they share
+        routes += [t.continuation for t in batch if t.continuation is not None]
+        batch = [replace(t, continuation=None) if t.continuation is not None else t for t in batch]
         loss = batch_nll(policy, [batch, routes], shared_prefix=share)
         loss.backward()
         loss = loss.detach()

@@ -44,7 +44,7 @@ import torch
 
 from rlkit.algorithms import grpo
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, to_tensor
+from rlkit.rollout import Trajectory, to_tensor, with_continuations
 
 
 def grad_clip_limit(max_grad_norm: float) -> float:
@@ -104,7 +104,9 @@ def grpo_update(
     Args:
         policy: the Policy (``model``, ``logprobs(seqs, temperature) -> (logprobs [n, T], entropy [n, T])``,
             ``reference()`` context manager disabling the adapter).
-        trajectories: N trajectories. advantages: [N] float32 (one per sequence).
+        trajectories: N trajectories. advantages: [N] float32 (one per sequence). A route pass's continuation
+            (rlkit.rollout, ``env.route_context=text``) is trained on as one more sequence with its trajectory's
+            advantage (``with_continuations``).
         cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
         generator: seeds the mini-batch shuffle.
         on_backward: called after each micro-batch's backward (fault injection in tests).
@@ -118,6 +120,7 @@ def grpo_update(
             demonstrations' term is (its own forward: no image, other prompts). Ignored when route_coef is 0.
             Adds route/nll (before the step) to the metrics.
     """
+    trajectories, advantages = with_continuations(trajectories, advantages)
     keep = kept_sequences(trajectories, advantages, cfg)
     demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
     routes = list(route_questions or []) if cfg.route_coef > 0 else []
@@ -185,10 +188,12 @@ def mask_unexecuted(trajectories: list[Trajectory]) -> int:
     last k of its sampled tokens were never acted on by the env. They are the last k mask-1 positions
     of ``loss_mask`` (the end-of-turn tokens after them are already 0). The turn's info then gets
     ``unexecuted_masked`` True, so a second call masks nothing. Returns the number of tokens masked.
+    A trajectory with a route pass (rlkit.rollout) is masked in its continuation, whose route holds them.
     """
     masked = 0
     for t in trajectories:
         turns = t.episode.turns
+        t = t.continuation if getattr(t, "continuation", None) is not None else t
         if not turns or turns[-1].info.get("unexecuted_masked"):
             continue
         k = int(turns[-1].info.get("unexecuted_tokens", 0))

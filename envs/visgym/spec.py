@@ -38,6 +38,13 @@ IMPLS = ("native", "upstream")
 #: What training keeps out (``VisGymMaze(holdout=...)``): the evaluation mazes, or also their dihedral images.
 HOLDOUTS = ("layout", "dihedral")
 
+#: Where a ``plan_map`` route is written (``VisGymMaze(route_context=...)``): after the notes in the picture's
+#: context, or in a second context of text alone (rlkit.rollout's route pass).
+ROUTE_CONTEXTS = ("picture", "text")
+
+#: The text that ends the notes and opens the route in ``plan_map``'s answer: the first pass stops at it.
+ROUTE_OPENING = "<answer>"
+
 
 @dataclass(frozen=True)
 class EvalSet:
@@ -201,6 +208,13 @@ class VisGymMaze:
             ``maze.dihedral_keys``). On 7x7 the evaluation set's 64 mazes have 344 such twins among the 704
             training layouts, so "layout" tests a policy on mazes it trained on in another orientation;
             "dihedral" leaves 360 training layouts and tests it on mazes it has not seen in any orientation.
+        route_context: where a ``plan_map`` policy writes its route: "picture" (one pass, the route after the
+            notes in the picture's context) or "text" (two passes: the policy writes its notes from the picture
+            up to ``<answer>``, then the route in a second context of text alone, the route question's
+            (``rlkit.sft.route_prompt``: the env's prompt without the picture, then those notes); rlkit.rollout
+            runs both and the env acts on the two texts joined). With "text" the route can only come from
+            the notes, so the step from notes to route, which route questions on text teach on any maze
+            (``sft.route_mix``, ``algorithm.route_coef``), is the policy's only path to a route (session 30).
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -223,6 +237,7 @@ class VisGymMaze:
         train_room_endpoints: float = 0.0,
         train_open_passage: float = 0.0,
         holdout: str = "layout",
+        route_context: str = "picture",
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -254,6 +269,12 @@ class VisGymMaze:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if holdout not in HOLDOUTS:
             raise ValueError(f"env.holdout must be one of {HOLDOUTS}, got {holdout!r}")
+        if route_context not in ROUTE_CONTEXTS:
+            raise ValueError(f"env.route_context must be one of {ROUTE_CONTEXTS}, got {route_context!r}")
+        if route_context == "text" and (mode != "plan" or parser != "plan_map"):
+            raise ValueError(f"env.route_context=text writes the route from plan_map's notes in a second context; "
+                             f"this env is env.mode={mode} env.parser={parser}. Set env.mode=plan "
+                             f"env.parser=plan_map (and rollout.max_new_tokens=64), or env.route_context=picture")
         if impl == "upstream":
             if variant not in UPSTREAM_VARIANTS:
                 raise ValueError(
@@ -276,6 +297,8 @@ class VisGymMaze:
         self.train_room_endpoints = float(train_room_endpoints)
         self.train_open_passage = float(train_open_passage)
         self.holdout = holdout
+        self.route_context = route_context
+        self.route_opening = ROUTE_OPENING
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -293,7 +316,8 @@ class VisGymMaze:
             f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r}"
             + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "")
             + (f", train_open_passage={self.train_open_passage}" if self.train_open_passage else "")
-            + (f", holdout={self.holdout!r}" if self.holdout != "layout" else "") + ")"
+            + (f", holdout={self.holdout!r}" if self.holdout != "layout" else "")
+            + (f", route_context={self.route_context!r}" if self.route_context != "picture" else "") + ")"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------

@@ -397,9 +397,10 @@ class NativeRun:
         if not self.grounding_cfg.enabled or cfg.policy.get("path") is not None:
             return None
         # the same content hash, over the grounding config; its questions put the agent and the goal on random
-        # cells of its own tree mazes whatever the env's training tasks are, so those options do not count
+        # cells of its own tree mazes whatever the env's training tasks are, so those options do not count; nor does
+        # where the route is written (env.route_context): no grounding question asks for one
         env = {k: v for k, v in OmegaConf.to_container(cfg.env, resolve=True).items()
-               if k not in ("train_room_endpoints", "train_open_passage")}
+               if k not in ("train_room_endpoints", "train_open_passage", "route_context")}
         inputs = cache_key_inputs(cfg.grounding, env, cfg.policy)
         out_dir = Path(cfg.paths.cache_dir) / "grounding" / cache_key_of(inputs)
         out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from rlkit.algorithms.grpo import TOKEN_DIAGNOSTICS
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory
+from rlkit.rollout import Trajectory, with_continuations
 from rlkit.update import collapse_batch, kept_sequences, micro_batch_loss, minibatches, order_by_group
 
 
@@ -125,8 +125,9 @@ def plan_update(
     demonstration (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
     drawn from). With demonstrations and no kept sequence: one optimizer step on them alone.
     """
+    trajectories, advantages = with_continuations(trajectories, advantages)  # a route pass's second sequence
     keep = kept_sequences(trajectories, advantages, cfg)
-    demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
+    demos = with_continuations(list(demonstrations or []))[0] if cfg.demo_coef > 0 else []
     if not keep and not demos:
         return None
     payloads = [RankPayload(rank=r) for r in range(world_size)]
