@@ -121,7 +121,8 @@ def rollout(
 
     chat = policy.chat
     route_pass = route_in_text(env_spec)
-    if route_pass:  # the first pass ends at the route's opening (module doc)
+    route_sampling = sampling
+    if route_pass:  # the first pass ends at the route's opening (module doc); the second with the run's stops
         sampling = replace(sampling, stop=tuple(dict.fromkeys((*sampling.stop, env_spec.route_opening))))
     live: list[_Live] = []
     for g, seed in enumerate(seeds):
@@ -153,7 +154,7 @@ def rollout(
         outs = engine.generate(prompts, _with_n(sampling, group_size))
     completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
     if route_pass:
-        _route_pass(env_spec, policy, engine, sampling, live, completions)
+        _route_pass(env_spec, policy, engine, route_sampling, live, completions)
     else:
         _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
 

@@ -289,7 +289,7 @@ def _route_pass_demonstration(env_spec: EnvSpec, policy: Any, text: str, first_t
     route) as its continuation.
 
     Raises: ValueError if ``text`` has no opening, or the opening does not end at a token boundary."""
-    from envs.visgym.routes import RouteExample
+    from types import SimpleNamespace
 
     chat, tok, opening = policy.chat, policy.tokenizer, env_spec.route_opening
     at = text.find(opening)
@@ -300,7 +300,7 @@ def _route_pass_demonstration(env_spec: EnvSpec, policy: Any, text: str, first_t
     end = chat.turn_end_ids("stop", opening)
     ids = list(first_turn.input_ids) + completion[:k] + end
     mask = [0] * len(first_turn.input_ids) + [1] * k + [0] * len(end)
-    example = RouteExample("corner", text[:at], text[at:], b"")
+    example = SimpleNamespace(notes=text[:at], answer=text[at:])  # the route question of this maze
     continuation = encode_route_example(policy, route_prompt(env_spec, policy), example)
     continuation.episode = record
     return Trajectory(ids, mask, [0.0] * len(ids), list(first_turn.image_inputs), record, group=0, policy_version=-1,

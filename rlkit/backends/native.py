@@ -295,6 +295,9 @@ class NativeRun:
                             "(0 = keep all)")
         if self.trainer.resume_mode == "from_path" and not self.trainer.resume_path:
             problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+        route_problem = self._route_pass_problem()
+        if route_problem:
+            problems.append(route_problem)
         if self.algo.route_coef > 0 and not self.route_term:
             problems.append(f"algorithm.route_coef={self.algo.route_coef}: the route-question term runs in "
                             "backend=native only (the native_ray ranks' update has no such term yet); use "
@@ -356,6 +359,10 @@ class NativeRun:
         if problems:
             raise ConfigError(problems[0] if len(problems) == 1 else
                               f"{len(problems)} bad values: " + "; ".join(problems))
+
+    def _route_pass_problem(self) -> str | None:
+        """Why this backend cannot run the env's route pass (``env.route_context=text``, rlkit.rollout), or None."""
+        return None
 
     def _policy_problems(self) -> list[str]:
         """What is wrong with ``policy`` (rlkit.policy.PolicyConfig.validate: dtype, device name, LoRA and tiny

@@ -131,6 +131,18 @@ class RayNativeRun(NativeRun):
         self._prefetched: SampledBatch | None = None  # one_step_off_policy: the next step's batch
         self._sample_version: int | None = None  # the version rollouts load; None = step - 1
 
+    def _route_pass_problem(self) -> str | None:
+        """FSDP ranks run their forwards together and must agree on images; a route pass's second sequence has none,
+        so a rank's share of text-only sequences beside another's with pictures would stop the update."""
+        if self.cfg.env.get("route_context", "picture") != "text":
+            return None
+        s = self.settings
+        if s.strategy == "fsdp" and s.num_workers > 1:
+            return ("env.route_context=text trains sequences with and without pictures in one update, which FSDP ranks "
+                    f"cannot split (backend.strategy=fsdp, backend.num_workers={s.num_workers}); use backend="
+                    "native_ray_ddp (replicated ranks), backend.num_workers=1, or backend=native")
+        return None
+
     # ------------------------------------------------------------------ setup
     def _build_policy(self, base_path: str | None) -> None:
         from rlkit.distributed.cluster import RayCluster

@@ -158,6 +158,12 @@ def test_unsupported_option_is_a_clear_error(override, key):
     assert key in str(e.value) and "docs/skyrl.md" in str(e.value)
 
 
+def test_the_route_pass_is_refused_with_the_fix():
+    with pytest.raises(SkyRLConfigError) as e:
+        _job(["env=visgym", "env.parser=plan_map", "env.route_context=text"])
+    assert "env.route_context=text" in str(e.value) and "env.route_context=picture" in str(e.value)
+
+
 def test_every_problem_is_listed_at_once():
     with pytest.raises(SkyRLConfigError) as e:
         _job(["algorithm.entropy_coef=0.01", "eval.pass_k=2", "sft.enabled=true"])

@@ -153,6 +153,10 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
         problems.append(f"control={cfg.control}: control runs (fixed_image, shuffled_reward) are built by "
                         "backend=native, native_ray and native_ray_ddp; run the control there")
     env_spec, task = _env_and_reward(cfg)
+    if getattr(env_spec, "route_context", "picture") != "picture":
+        problems.append(f"env.route_context={env_spec.route_context}: the route pass (a second sequence of text alone) "
+                        "is rlkit's rollout; SkyRL's generator writes one sequence. Run it on backend=native or "
+                        "native_ray_ddp, or set env.route_context=picture")
     policy = _policy(cfg, problems)
     project, run_name, logger_name, skyrl_logger, env_vars = _logger(cfg, settings, problems)
 
