@@ -188,7 +188,8 @@ def rollout(
         continuation = None
         if ep.continuation is not None:  # the route pass's sequence: no image, the same episode
             ids, mask, logprobs = ep.continuation
-            continuation = Trajectory(ids, mask, logprobs, [], record, ep.group, policy_version)
+            # the episode's length cuts on both sequences: overlong_filtering leaves the two out together
+            continuation = Trajectory(ids, mask, logprobs, [], record, ep.group, policy_version, ep.length_cut)
         trajectories.append(
             Trajectory(
                 input_ids=ep.ids,
@@ -231,7 +232,8 @@ def _route_pass(env_spec: Any, policy: Any, engine: Any, sampling: Any, live: li
     todo = [i for i, c in enumerate(notes) if c.finish_reason == "stop" and c.stop_reason == opening]
     routes: dict[int, Any] = {}
     if todo:
-        second = replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + 1)
+        # a seed of its own: seed + 1 is the next step's first pass (rlkit.backends.native draws seed + step)
+        second = replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + ROUTE_SEED_OFFSET)
         outs = engine.generate([PromptInput(input_ids=prompt + list(notes[i].token_ids)) for i in todo], second)
         routes = {i: out[0] for i, out in zip(todo, outs, strict=True)}
     for i, (ep, first) in enumerate(zip(live, notes, strict=True)):
@@ -268,7 +270,11 @@ def with_continuations(trajectories: list[Trajectory], advantages: torch.Tensor 
     a group of its own (``group + CONTINUATION_GROUP``: the continuations of one task share their text prompt,
     which the shared-prefix forward then runs once). The returned trajectories carry no continuation, so a
     second call changes nothing. Returns (sequences, advantages [N'] or None when ``advantages`` is None);
-    the input is returned as it is when no trajectory has a continuation."""
+    the input is returned as it is when no trajectory has a continuation.
+
+    Each sequence counts once in the loss's reduction: under ``token_mean`` (the default) every policy token
+    weighs the same, wherever it is; under the sequence reductions (``seq_mean_*``) an episode with a route pass
+    counts as two sequences."""
     extra = [i for i, t in enumerate(trajectories) if getattr(t, "continuation", None) is not None]
     if not extra:
         return trajectories, advantages
@@ -284,6 +290,9 @@ def with_continuations(trajectories: list[Trajectory], advantages: torch.Tensor 
 
 #: Offset of a continuation's group id (``with_continuations``): apart from every task's group.
 CONTINUATION_GROUP = 1 << 30
+
+#: The route pass samples with the first pass's seed + this (apart from any other step's or worker's seed).
+ROUTE_SEED_OFFSET = 1 << 40
 
 
 def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any, max_turns: int) -> None:

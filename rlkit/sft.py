@@ -285,8 +285,8 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
 def _route_pass_demonstration(env_spec: EnvSpec, policy: Any, text: str, first_turn: Any, record: Episode) -> Trajectory:
     """A single-turn demonstration ``text`` (notes, ``env_spec.route_opening``, route) in the route pass's two
     sequences, as rlkit.rollout samples them: the picture's prompt then the notes and the opening (loss on both),
-    with the route question (``encode_route_example``: the text prompt, the notes, then the route, loss on the
-    route) as its continuation.
+    and as its continuation the text prompt (``route_prompt``), the notes and the opening (loss 0: the first
+    sequence writes them), then the route (loss on it).
 
     Raises: ValueError if ``text`` has no opening, or the opening does not end at a token boundary."""
     from types import SimpleNamespace
@@ -300,7 +300,7 @@ def _route_pass_demonstration(env_spec: EnvSpec, policy: Any, text: str, first_t
     end = chat.turn_end_ids("stop", opening)
     ids = list(first_turn.input_ids) + completion[:k] + end
     mask = [0] * len(first_turn.input_ids) + [1] * k + [0] * len(end)
-    example = SimpleNamespace(notes=text[:at], answer=text[at:])  # the route question of this maze
+    example = SimpleNamespace(notes=text[: at + len(opening)], answer=text[at + len(opening):])
     continuation = encode_route_example(policy, route_prompt(env_spec, policy), example)
     continuation.episode = record
     return Trajectory(ids, mask, [0.0] * len(ids), list(first_turn.image_inputs), record, group=0, policy_version=-1,
@@ -387,6 +387,8 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
          "token_accuracy": share of demonstrated tokens with probability > 1/2 (so the greedy choice),
          "first_token_accuracy": the same for the first token where the demonstrations of
          different tasks disagree (for plan-mode mazes: the first move), NaN when they never do}.
+        Demonstrations with a route pass (``continuation``): loss and token accuracy over the tokens of both
+        sequences, first_token_accuracy over the routes (the first move again).
         A policy that ignores its observation shows a first_token_accuracy near the frequency of
         the most common first answer, however low its loss.
 
@@ -394,6 +396,17 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
     """
     if not trajectories:
         raise ValueError("demonstration_metrics needs at least one demonstration")
+    routes = [t.continuation for t in trajectories if t.continuation is not None]
+    if routes:  # route passes (rlkit.rollout): loss and accuracy over both sequences, the first move in the routes
+        both = with_continuations(trajectories)[0]
+        fit = demonstration_metrics(policy, both[: len(trajectories)], batch_size)
+        route_fit = demonstration_metrics(policy, [replace(t, continuation=None) for t in routes], batch_size)
+        n1 = sum(t.num_policy_tokens for t in both[: len(trajectories)])
+        n2 = sum(t.num_policy_tokens for t in both[len(trajectories):])
+        share = n2 / max(n1 + n2, 1)
+        return {"loss": fit["loss"] * (1 - share) + route_fit["loss"] * share,
+                "token_accuracy": fit["token_accuracy"] * (1 - share) + route_fit["token_accuracy"] * share,
+                "first_token_accuracy": route_fit["first_token_accuracy"]}
     targets = [[t.input_ids[j] for j, m in enumerate(t.loss_mask) if m] for t in trajectories]
     # first position (in demonstrated tokens) where the demonstrations disagree
     first_diff = next((k for k in range(min(map(len, targets)))

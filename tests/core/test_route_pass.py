@@ -1,5 +1,7 @@
 """env.route_context=text: the route written in a second pass of text alone (rlkit.rollout's route pass)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from rlkit.policy import SamplingParams
 from rlkit.policy.engine import Completion
 from rlkit.rollout import CONTINUATION_GROUP, rollout, rollout_stats, with_continuations
 from rlkit.sft import demonstration_nll, demonstration_trajectory, encode_route_example, route_prompt
-from rlkit.update import mask_unexecuted
+from rlkit.update import kept_sequences, mask_unexecuted
 from tests.core.test_shared_prefix_update import _update_grad
 
 SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=64, seed=0, stop=("</answer>",))
@@ -80,13 +82,19 @@ def test_the_route_is_written_in_a_text_context_after_the_policys_own_notes(poli
 
 def test_a_first_pass_without_the_opening_is_acted_on_alone(policy):
     env, tok = _env(), policy.chat.tokenizer
-    one_pass = _notes(env) + "<answer>" + ROUTE_0  # it wrote its route in the first pass: no second pass for it
-    engine = ScriptedEngine([one_pass], tok)
-    trajs = rollout(env, policy, engine, seeds=[0], group_size=1,
-                    sampling=SamplingParams(temperature=1.0, max_new_tokens=64, seed=0, stop=("</answer>",)),
-                    policy_version=0)
-    assert len(engine.calls) == 1 and trajs[0].continuation is None
-    assert trajs[0].episode.success  # as the one-pass rollout would have acted
+    notes = _notes(env)
+    # one closes its answer without opening it, one runs out of tokens in its notes: no second pass for either
+    engine = ScriptedEngine([notes + "</answer>", notes[:10], notes + "<answer>", ROUTE_0[:12]], tok)
+    trajs = rollout(env, policy, engine, seeds=[0, 0, 0], group_size=1, sampling=SAMPLE, policy_version=0)
+    assert len(engine.calls) == 2 and len(engine.calls[1][0]) == 1  # only the third is continued
+    closed, cut, route_cut = trajs
+    assert closed.continuation is None and not closed.episode.success
+    assert closed.episode.turns[0].action_text == notes + "</answer>"
+    assert cut.continuation is None and cut.num_truncated_turns == 1 and not cut.episode.success
+    # a route cut by max_new_tokens: both sequences carry the cut, so overlong_filtering drops them together
+    assert route_cut.num_truncated_turns == 1 and route_cut.continuation.num_truncated_turns == 1
+    flat, adv = with_continuations(trajs, torch.tensor([1.0, -1.0, 0.5]))
+    assert kept_sequences(flat, adv, AlgorithmConfig(overlong_filtering=True)) == [0]
 
 
 def test_the_route_pass_is_off_by_default_and_needs_plan_map():
@@ -100,21 +108,25 @@ def test_the_route_pass_is_off_by_default_and_needs_plan_map():
 
 def test_the_update_trains_both_passes_with_the_episodes_advantage(policy):
     env, tok = _env(), policy.chat.tokenizer
-    notes = _notes(env)
-    engine = ScriptedEngine([notes + "<answer>", ROUTE_0, "up up stop</answer>"], tok)
-    trajs = rollout(env, policy, engine, seeds=[0], group_size=2, sampling=SAMPLE, policy_version=0)
-    adv = torch.tensor([1.0, -1.0])
+    notes, wrong = _notes(env), "a#b#c#d#e#f#g#h#i#j#k#l# 5,1 to 1,5"
+    engine = ScriptedEngine([notes + "<answer>", wrong + "<answer>", ROUTE_0, "up up stop</answer>"], tok)
+    trajs = rollout(env, policy, engine, seeds=[0, 0], group_size=1, sampling=SAMPLE, policy_version=0)
+    adv = torch.tensor([1.0, -0.5])
     flat, flat_adv = with_continuations(trajs, adv)
     assert len(flat) == 4 and all(t.continuation is None for t in flat)
-    assert flat_adv.tolist() == [1.0, -1.0, 1.0, -1.0]
-    assert [t.group for t in flat] == [0, 0, CONTINUATION_GROUP, CONTINUATION_GROUP]
+    assert flat_adv.tolist() == [1.0, -0.5, 1.0, -0.5]
+    assert [t.group for t in flat] == [0, 1, CONTINUATION_GROUP, 1 + CONTINUATION_GROUP]
+    assert [bool(t.image_inputs) for t in flat] == [True, True, False, False]
+    assert flat[2].input_ids == trajs[0].continuation.input_ids
     assert with_continuations(flat, flat_adv)[0] is flat  # nothing left to expand
     cfg = AlgorithmConfig(micro_batch_size=4, max_grad_norm=1e9)
     _, g_pair, _ = _update_grad(policy, trajs, adv, cfg)
-    _, g_flat, _ = _update_grad(policy, flat, flat_adv, cfg)
-    assert torch.allclose(g_pair, g_flat, atol=1e-7, rtol=1e-5)  # the continuation is one more sequence
-    _, g_first, _ = _update_grad(policy, flat[:2], adv, cfg)
-    assert not torch.allclose(g_pair, g_first, atol=1e-6, rtol=1e-4)  # and its route tokens are trained on
+    _, g_first, _ = _update_grad(policy, [replace(t, continuation=None) for t in trajs], adv, cfg)
+    _, g_route, _ = _update_grad(policy, flat[2:], adv, cfg)
+    # token_mean over both: the two parts' gradients weighted by their shares of the policy tokens
+    n1, n2 = sum(t.num_policy_tokens for t in flat[:2]), sum(t.num_policy_tokens for t in flat[2:])
+    assert torch.allclose(g_pair, (n1 * g_first + n2 * g_route) / (n1 + n2), atol=1e-7, rtol=1e-4)
+    assert not torch.allclose(g_pair, g_first, atol=1e-6, rtol=1e-4) and g_route.abs().sum() > 0
 
 
 def test_unexecuted_route_tokens_are_masked_in_the_continuation(policy):
@@ -136,7 +148,11 @@ def test_a_demonstration_is_the_notes_with_the_picture_and_the_route_question(po
     assert tok.decode([i for i, m in zip(demo.input_ids, demo.loss_mask) if m]) == notes + "<answer>"
     assert demo.image_inputs  # the first sequence has the picture
     question = encode_route_example(policy, route_prompt(env, policy), RouteExample("corner", notes, text[len(notes):], b""))
-    assert demo.continuation.input_ids == question.input_ids and demo.continuation.loss_mask == question.loss_mask
+    assert demo.continuation.input_ids == question.input_ids  # the route question's tokens...
+    cont = demo.continuation
+    assert tok.decode([i for i, m in zip(cont.input_ids, cont.loss_mask) if m]).startswith(text[len(notes) + len("<answer>"):])
+    # ...with the loss on the route alone, as in a rollout's continuation (the first sequence writes the opening)
+    assert sum(cont.loss_mask) == sum(question.loss_mask) - len(tok("<answer>", add_special_tokens=False)["input_ids"])
     one_pass = demonstration_trajectory(_env("picture"), policy, 0)
     assert one_pass.continuation is None and tok.decode(
         [i for i, m in zip(one_pass.input_ids, one_pass.loss_mask) if m]).startswith(text)
@@ -165,7 +181,7 @@ def test_the_ranks_update_splits_the_continuations_like_any_sequence(policy):
 
 
 @pytest.mark.parametrize("strategy,workers,refused", [("fsdp", 2, True), ("fsdp", 1, False), ("ddp", 2, False)])
-def test_fsdp_ranks_and_skyrl_refuse_the_route_pass_with_the_fix(tmp_path, strategy, workers, refused):
+def test_fsdp_ranks_refuse_the_route_pass_with_the_fix(tmp_path, strategy, workers, refused):
     from rlkit.backends.native import NativeRun
     from rlkit.backends.ray_native import RayNativeRun
     from rlkit.distributed.runtime import RaySettings
@@ -183,3 +199,24 @@ def test_fsdp_ranks_and_skyrl_refuse_the_route_pass_with_the_fix(tmp_path, strat
         with pytest.raises(ConfigError, match="env.route_context=text"):
             run._validate()
 
+
+
+def test_warm_start_validation_measures_the_route_and_its_first_move(policy):
+    from rlkit.sft import demonstration_metrics
+
+    env = _env()
+    demos = [demonstration_trajectory(env, policy, s) for s in (0, 1, 2, 3)]
+    fit = demonstration_metrics(policy, demos)
+    notes_fit = demonstration_metrics(policy, [replace(d, continuation=None) for d in demos])
+    route_fit = demonstration_metrics(policy, [d.continuation for d in demos])
+    n1 = sum(d.num_policy_tokens for d in demos)
+    n2 = sum(d.continuation.num_policy_tokens for d in demos)
+    assert fit["loss"] == pytest.approx((n1 * notes_fit["loss"] + n2 * route_fit["loss"]) / (n1 + n2), rel=1e-5)
+    assert fit["first_token_accuracy"] == route_fit["first_token_accuracy"]  # the first move, not a wall bit
+
+
+def test_play_refuses_the_route_pass():
+    from rlkit.serve.play import PlayError, play_episode
+
+    with pytest.raises(PlayError, match="scripts/eval.py"):
+        play_episode(None, "m", _env(), 0, 64)
