@@ -668,6 +668,14 @@ def route_prompt(env_spec: EnvSpec, policy: Any) -> Any:
     return policy.chat.user_turn(obs.text, [], system=env.system_prompt, first=True)
 
 
+def draw_route_questions(env_spec: EnvSpec, policy: Any, seed: int, step: int, n: int) -> list[Trajectory]:
+    """The ``algorithm.route_coef`` term's ``n`` route questions of GRPO step ``step`` (``encode_route_example`` of
+    ``env_spec.route_example``), drawn from a generator seeded by the run's ``seed`` and the step: a resumed run, and
+    every backend, trains on the questions it would have."""
+    prompt, rng = route_prompt(env_spec, policy), np.random.default_rng([int(seed), int(step), 29])
+    return [encode_route_example(policy, prompt, env_spec.route_example(rng)) for _ in range(n)]
+
+
 def encode_route_example(policy: Any, prompt: Any, example: Any) -> Trajectory:
     """A route question (``envs.visgym.routes.RouteExample``) as a one-turn trajectory with no image: ``prompt``
     (``route_prompt``), then the assistant's ``notes + answer`` as the policy would write them (its tokens, then

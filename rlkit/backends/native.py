@@ -136,8 +136,6 @@ class NativeBackend:
 class NativeRun:
     #: algorithm.selective_rollout_explore's rlkit.tasks.SolvedTaskFilter (set in setup; None = off)
     task_filter: SolvedTaskFilter | None = None
-    #: whether this backend's update runs the algorithm.route_coef term (backend=native_ray's ranks do not)
-    route_term: bool = True
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -202,7 +200,6 @@ class NativeRun:
         problem = route_mix_problem(self.env_spec, self.algo.route_coef, "algorithm.route_coef")
         if problem:
             raise ConfigError(problem)
-        self._route_prompt: Any = None  # the route questions' opening turn, built at the first step that needs it
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
@@ -298,10 +295,6 @@ class NativeRun:
         route_problem = self._route_pass_problem()
         if route_problem:
             problems.append(route_problem)
-        if self.algo.route_coef > 0 and not self.route_term:
-            problems.append(f"algorithm.route_coef={self.algo.route_coef}: the route-question term runs in "
-                            "backend=native only (the native_ray ranks' update has no such term yet); use "
-                            "backend=native, or algorithm.route_coef=0")
         if not cfg.policy.get("lora", {}).get("enabled", True):
             problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
                             "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
@@ -974,17 +967,12 @@ class NativeRun:
 
     def _route_questions(self, step: int) -> list[Any] | None:
         """The ``algorithm.route_coef`` term's ``route_batch`` route questions of step ``step`` (None when the
-        term is off): drawn from a generator seeded by the run's seed and the step, so a resumed run trains on
-        the questions it would have."""
+        term is off; rlkit.sft.draw_route_questions: the same questions after a resume, on every backend)."""
         if self.algo.route_coef <= 0:
             return None
-        from rlkit.sft import encode_route_example, route_prompt
+        from rlkit.sft import draw_route_questions
 
-        if self._route_prompt is None:
-            self._route_prompt = route_prompt(self.env_spec, self.policy)
-        rng = np.random.default_rng([int(self.cfg.seed), step, 29])
-        return [encode_route_example(self.policy, self._route_prompt, self.env_spec.route_example(rng))
-                for _ in range(self.algo.route_batch)]
+        return draw_route_questions(self.env_spec, self.policy, int(self.cfg.seed), step, self.algo.route_batch)
 
     def _sample_round(self, step: int, sampling: Any, timing: dict[str, float], seeds: list[int] | None = None,
                       group_size: int | None = None) -> tuple[list[Any], list[Any], dict[str, float]]:

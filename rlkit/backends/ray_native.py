@@ -118,7 +118,6 @@ class RemotePolicy:
 class RayNativeRun(NativeRun):
     """NativeRun with rollout, update and evaluation on Ray workers (module doc)."""
 
-    route_term = False  # the ranks' update (rlkit.distributed.update) has no algorithm.route_coef term
 
     def __init__(self, cfg: DictConfig, settings: RaySettings) -> None:
         super().__init__(cfg)
@@ -214,8 +213,11 @@ class RayNativeRun(NativeRun):
         schedule; returns the pending results for ``_finish_update``."""
         lr = self.optimizer.param_groups[0]["lr"]  # set by the scheduler on the shadow optimizer
         temperature = self.rollout_cfg.temperature if self.rollout_cfg.temperature > 0 else 1.0
+        t0 = time.time()
+        routes = self._route_questions(step)
+        self._route_s = None if routes is None else time.time() - t0
         pending = self.cluster.start_update(trajs, advantages, self.algo, temperature, self.shuffle_gen, lr,
-                                            version=step, demonstrations=demonstrations)
+                                            version=step, demonstrations=demonstrations, route_questions=routes)
         with warnings.catch_warnings():
             # the shadow optimizer never steps (the ranks' optimizers do); the schedule is unaffected
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
@@ -225,11 +227,19 @@ class RayNativeRun(NativeRun):
     def _finish_update(self, step: int, pending: list[Any]) -> dict[str, float]:
         metrics = self.cluster.finish_update(pending)
         self.published_version = step
+        if getattr(self, "_route_s", None) is not None:  # drawing and encoding them (their forward is the ranks')
+            metrics["timing/route"] = self._route_s
         return metrics
 
     def _demonstration_trajectories(self, seeds: list[int]) -> list[Any]:
         # the driver holds no policy (RemotePolicy); the rollout workers have the env and the chat template
         return self.cluster.demonstrations(seeds)
+
+    def _route_questions(self, step: int) -> list[Any] | None:
+        # drawn and encoded on a rollout worker (the driver holds no policy), as NativeRun draws them
+        if self.algo.route_coef <= 0:
+            return None
+        return self.cluster.route_questions(int(self.cfg.seed), step, self.algo.route_batch)
 
     def train_step(self, step: int) -> dict[str, float]:
         metrics = self._pipelined_step(step) if self.settings.one_step_off_policy else super().train_step(step)

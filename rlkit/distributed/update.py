@@ -40,6 +40,8 @@ Here (same result, up to float summation order):
    weight 0) and added to the first optimizer step after its GRPO micro-batches. Each rank weighs its
    share's mean NLL per token by its share of the demonstrated tokens, so the sum over the ranks is
    ``demo_coef`` x the mean NLL per token of all of them; the gradient sync moves to that backward.
+   The ``route_coef`` term's route questions on text (rlkit.update.grpo_update) are split and weighted the
+   same way, and their backward follows the demonstrations' (the sync then moves to it).
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ class RankPayload:
     #: ranks' (0 for a filler)
     demonstrations: list[Trajectory] = field(default_factory=list)
     demo_weight: float = 0.0
+    #: the same for the route_coef term's route questions (module doc, step 4)
+    route_questions: list[Trajectory] = field(default_factory=list)
+    route_weight: float = 0.0
 
 
 def split_even(items: list[Any], parts: int) -> list[list[Any]]:
@@ -114,12 +119,14 @@ def plan_update(
     world_size: int,
     generator: torch.Generator,
     demonstrations: list[Trajectory] | None = None,
+    route_questions: list[Trajectory] | None = None,
 ) -> list[RankPayload] | None:
     """Split one step's update across ``world_size`` ranks (module doc, steps 1 and 4).
 
     Args: trajectories: N. advantages: [N] float. cfg: the algorithm config. generator: the run's
     shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it). demonstrations:
-    the ``cfg.demo_coef`` term's (ignored when demo_coef is 0).
+    the ``cfg.demo_coef`` term's (ignored when demo_coef is 0). route_questions: the ``cfg.route_coef``
+    term's (ignored when route_coef is 0), split like the demonstrations.
 
     Returns: one RankPayload per rank, or None when no sequence is kept and there is no
     demonstration (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
@@ -128,7 +135,8 @@ def plan_update(
     trajectories, advantages = with_continuations(trajectories, advantages)  # a route pass's second sequence
     keep = kept_sequences(trajectories, advantages, cfg)
     demos = with_continuations(list(demonstrations or []))[0] if cfg.demo_coef > 0 else []
-    if not keep and not demos:
+    routes = list(route_questions or []) if cfg.route_coef > 0 else []
+    if not keep and not demos and not routes:
         return None
     payloads = [RankPayload(rank=r) for r in range(world_size)]
     if demos:
@@ -136,6 +144,11 @@ def plan_update(
         for p, share in zip(payloads, split_even(demos, world_size)):
             p.demonstrations = share or [demos[0]]
             p.demo_weight = sum(d.num_policy_tokens for d in share) / max(total, 1)
+    if routes:
+        total = sum(q.num_policy_tokens for q in routes)
+        for p, share in zip(payloads, split_even(routes, world_size)):
+            p.route_questions = share or [routes[0]]
+            p.route_weight = sum(q.num_policy_tokens for q in share) / max(total, 1)
     if not keep:
         for p in payloads:
             p.steps.append(RankStep([], -1, 0, 0, 0))
@@ -197,12 +210,13 @@ def sharded_grpo_update(
     shared = use_shared_prefix(policy, cfg)
     totals: dict[str, float] = {}
     n_opt = 0
-    demo_nll = None
+    demo_nll = route_nll = None
     n_micro = n_shared = 0
     for step in payload.steps:
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         with_demos = bool(payload.demonstrations) and demo_nll is None
+        with_routes = bool(payload.route_questions) and route_nll is None
         step_counts = step.counts or [1] * len(step.indices)
         chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
         count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
@@ -216,7 +230,7 @@ def sharded_grpo_update(
             seqs = [payload.trajectories[i] for i in idx]
             if collective:
                 _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
-            root.set_requires_gradient_sync(m == num_micro - 1 and not with_demos)
+            root.set_requires_gradient_sync(m == num_micro - 1 and not with_demos and not with_routes)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
             share = shared and (not collective or _same_forwards(policy, seqs))
             total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
@@ -236,8 +250,12 @@ def sharded_grpo_update(
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
                 else:  # token averages by the token share, reductions by the loss's weight
                     sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
-        if with_demos:
-            demo_nll = _demonstration_backward(policy, root, payload, cfg, collective)
+        if with_demos:  # the gradient sync on the last backward of the step
+            demo_nll = _nll_backward(policy, root, payload.demonstrations, cfg.demo_coef * payload.demo_weight,
+                                     payload.demo_weight, collective, sync=not with_routes)
+        if with_routes:
+            route_nll = _nll_backward(policy, root, payload.route_questions, cfg.route_coef * payload.route_weight,
+                                      payload.route_weight, collective, sync=True)
         reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
         if reduce is not None:  # (an FSDP root reduced them in the last backward)
             reduce(params)
@@ -263,23 +281,26 @@ def sharded_grpo_update(
         out["policy/shared_prefix_fraction"] = n_shared / n_micro
     if demo_nll is not None:
         out["demo/nll"] = demo_nll
+    if route_nll is not None:
+        out["route/nll"] = route_nll
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
 
 
-def _demonstration_backward(policy: Any, root: Any, payload: RankPayload, cfg: AlgorithmConfig,
-                            collective: bool) -> float:
-    """Backward of this rank's part of the demo_coef term (module doc, step 4), with the gradient
-    sync on; returns the mean NLL per token of all ranks' demonstrations (before the step)."""
+def _nll_backward(policy: Any, root: Any, seqs: list[Trajectory], coef: float, weight: float, collective: bool,
+                  sync: bool) -> float:
+    """Backward of ``coef`` x this rank's mean NLL per token of ``seqs`` (its share of the demo_coef term's
+    demonstrations or of the route_coef term's route questions: module doc, step 4), with the gradient sync
+    ``sync``; returns the mean NLL per token of all ranks' sequences (``weight``: this share's tokens over all)."""
     from rlkit.sft import demonstration_nll
 
     if collective:
-        _check_same_modality(any(len(t.image_inputs) > 0 for t in payload.demonstrations))
-    root.set_requires_gradient_sync(True)
+        _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
+    root.set_requires_gradient_sync(sync)
     # full-sequence forward on FSDP ranks: every rank must run the same forwards (as for the micro-batches)
-    nll = demonstration_nll(policy, payload.demonstrations, shared_prefix=False if collective else None)
-    (cfg.demo_coef * payload.demo_weight * nll).backward()
-    return _all_reduce_stats({"demo_nll": float(nll.detach()) * payload.demo_weight}, {})["demo_nll"]
+    nll = demonstration_nll(policy, seqs, shared_prefix=False if collective else None)
+    (coef * nll).backward()
+    return _all_reduce_stats({"nll": float(nll.detach()) * weight}, {})["nll"]
 
 
 def _same_forwards(policy: Any, seqs: list[Trajectory]) -> bool:

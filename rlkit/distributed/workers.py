@@ -295,6 +295,13 @@ class RolloutWorker:
 
         return demonstration_trajectories(self.env_spec, self.policy, seeds)
 
+    def route_questions(self, seed: int, step: int, n: int) -> list[Any]:
+        """rlkit.sft.draw_route_questions: the route_coef term's ``n`` route questions of GRPO step ``step`` of a run
+        seeded ``seed`` (on text; the adapter plays no part)."""
+        from rlkit.sft import draw_route_questions
+
+        return draw_route_questions(self.env_spec, self.policy, seed, step, n)
+
     def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any], dict[str, Any]]:
         """Load ``version``, then rlkit.evaluation.evaluate on ``seeds``.
 

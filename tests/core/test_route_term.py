@@ -52,7 +52,7 @@ def test_route_term_steps_alone_when_no_group_has_signal(policy, plan_env):
 
 def _run_stub(policy, env, coef, batch=4, seed=3):
     run = types.SimpleNamespace(algo=AlgorithmConfig(route_coef=coef, route_batch=batch), env_spec=env, policy=policy,
-                                cfg=OmegaConf.create({"seed": seed}), _route_prompt=None)
+                                cfg=OmegaConf.create({"seed": seed}))
     return lambda step: NativeRun._route_questions(run, step)
 
 
@@ -75,18 +75,17 @@ def test_route_term_is_refused_with_the_fix_where_there_are_no_notes():
     assert route_mix_problem(plan, 0.0, "algorithm.route_coef") is None
 
 
-def test_the_ray_backend_refuses_the_term_with_the_fix(tmp_path):
+def test_every_native_backend_accepts_the_term(tmp_path):
     from rlkit.backends.ray_native import RayNativeRun
-    from rlkit.run import ConfigError
+    from rlkit.distributed.runtime import RaySettings
     from tests.core.test_sft_start_from_env import _cfg
 
     cfg = _cfg(tmp_path, "env.parser=plan_map", "algorithm.route_coef=0.3")
     run = RayNativeRun.__new__(RayNativeRun)  # its __init__ reads Ray settings; _validate needs only NativeRun's
     NativeRun.__init__(run, cfg)
-    with pytest.raises(ConfigError, match=r"algorithm.route_coef=0.3: .*backend=native only.*algorithm.route_coef=0"):
-        run._validate()
-    plain = NativeRun(cfg)
-    plain._validate()  # backend=native runs it
+    run.settings = RaySettings(strategy="ddp", num_workers=2)
+    run._validate()  # the ranks split the questions like the demonstrations (rlkit.distributed.update)
+    NativeRun(cfg)._validate()
 
 
 def test_setup_refuses_the_term_without_notes_before_any_build(tmp_path):

@@ -155,3 +155,21 @@ def test_backend_config_composes_and_refuses_bad_keys(compose_config):
         instantiate_plugin(compose_config(["backend=native_ray", "+backend.num_worker=2"]).backend, "backend")
     with pytest.raises(ConfigError, match="needs GPUs"):
         instantiate_plugin(compose_config(["backend=native_ray", "backend.mixed_precision=true"]).backend, "backend")
+
+
+def test_route_questions_are_split_across_the_ranks_like_the_demonstrations():
+    trajs = [_Traj(t) for t in (3, 2)]
+    adv = torch.tensor([1.0, -1.0])
+    routes = [_Traj(t) for t in (4, 6, 5)]
+    cfg = AlgorithmConfig(route_coef=0.5)
+    plan = plan_update(trajs, adv, cfg, 2, torch.Generator().manual_seed(0), route_questions=routes)
+    assert [p.route_questions for p in plan] == [routes[:2], routes[2:]]
+    assert [p.route_weight for p in plan] == pytest.approx([10 / 15, 5 / 15])
+    # more ranks than questions: a zero-weight filler; no kept sequence: one step on the questions alone
+    plan = plan_update(trajs, torch.zeros(2), AlgorithmConfig(route_coef=0.5, filter_zero_variance_groups=True), 3,
+                       torch.Generator(), route_questions=routes[:1])
+    assert [p.route_weight for p in plan] == [1.0, 0.0, 0.0] and all(p.route_questions == routes[:1] for p in plan)
+    assert all(len(p.steps) == 1 and p.steps[0].indices == [] for p in plan)
+    # route_coef 0 ignores them
+    plain = plan_update(trajs, adv, AlgorithmConfig(), 2, torch.Generator().manual_seed(0), route_questions=routes)
+    assert all(p.route_questions == [] for p in plain)

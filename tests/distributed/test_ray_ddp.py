@@ -117,3 +117,31 @@ def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env
     assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
     first, second = _replica_states(cluster)
     assert _max_diff(first, second) == 0.0
+
+
+def test_route_questions_and_route_passes_on_the_ranks(cluster, make_policy, env_node, tmp_path):
+    """algorithm.route_coef on replicated ranks: route questions on text split 2/1 across the ranks beside the
+    demonstrations, and trajectories with a route pass (env.route_context=text: a second sequence with no
+    picture) in the GRPO batch; the update still equals grpo_update's."""
+    from envs.visgym import VisGymMaze
+    from rlkit.sft import demonstration_trajectory, draw_route_questions
+    from tests.core.test_route_pass import ROUTE_0, ScriptedEngine, _notes
+
+    local = _start(cluster, make_policy, tmp_path, seed=11)
+    env = VisGymMaze(variant="small", mode="plan", parser="plan_map", max_turns=17, wall_move="fail",
+                     route_context="text")
+    routes = draw_route_questions(env, local, seed=3, step=5, n=3)
+    demos = [demonstration_trajectory(env, local, s) for s in (41, 42)]
+    engine = ScriptedEngine([_notes(env) + "<answer>", ROUTE_0, "up up stop</answer>"], local.chat.tokenizer)
+    trajs = rollout(env, local, engine, [0], 2, SAMPLING, 0)
+    adv = torch.tensor([1.0, -1.0])
+    algo = AlgorithmConfig(micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7, shared_prefix=True)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
+    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=30, demonstrations=demos, route_questions=routes)
+    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=demos,
+                          route_questions=routes)
+    _assert_close(m_dist, m_local, ("policy/loss", "policy/grad_norm", "demo/nll", "route/nll"), 30)
+    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
+    first, second = _replica_states(cluster)
+    assert _max_diff(first, second) == 0.0
