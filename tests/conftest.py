@@ -38,6 +38,22 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _global_rngs_restored():
+    """Each test leaves Python's, NumPy's and torch's global random generators as it found them: code under
+    test that seeds them (NativeRun.setup does, as train.py needs) must not make another test's draws
+    depend on the order the tests run in."""
+    import random
+
+    import numpy as np
+
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    yield
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+
+
 @pytest.fixture(scope="session")
 def tiny_test_ckpt(tmp_path_factory) -> Path:
     """One checkpoint of TINY_TEST_SIZES for the whole session (built offline, ~1 s; read-only)."""
