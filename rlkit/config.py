@@ -118,8 +118,8 @@ class AlgorithmConfig:
     # solver's route; no image; loss on the route only, rlkit.sft.encode_route_example) drawn fresh from
     # mazes of every kind the env generates, and route_coef x their mean NLL per token is added to the
     # update's first optimizer step, like demo_coef's term: the step from notes to route keeps being taught
-    # on mazes no picture shows while GRPO fits the pictured ones. 0 = off. Needs env.parser=plan_map and
-    # backend=native.
+    # on mazes no picture shows while GRPO fits the pictured ones. 0 = off. Needs env.parser=plan_map; runs on
+    # backend=native and native_ray (a rollout worker draws them, the ranks split them; session 30), not skyrl.
     route_coef: float = 0.0
     route_batch: int = 32
     update_epochs: int = 1

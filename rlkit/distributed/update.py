@@ -129,7 +129,7 @@ def plan_update(
     term's (ignored when route_coef is 0), split like the demonstrations.
 
     Returns: one RankPayload per rank, or None when no sequence is kept and there is no
-    demonstration (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
+    demonstration or route question (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
     drawn from). With demonstrations and no kept sequence: one optimizer step on them alone.
     """
     trajectories, advantages = with_continuations(trajectories, advantages)  # a route pass's second sequence

@@ -32,11 +32,12 @@ class ScriptedCluster:
             for j in range(group_size):
                 ep = SimpleNamespace(seed=s, success=(s % 2 == 1 and j == 0), turns=[1], parse_failures=0,
                                      truncated=False)
-                trajs.append(SimpleNamespace(group=g, episode=ep, num_policy_tokens=3, num_truncated_turns=0,
+                trajs.append(SimpleNamespace(group=g, episode=ep, num_policy_tokens=3, num_episode_tokens=3, num_truncated_turns=0,
                                              input_ids=[0] * 5, policy_version=version))
         return trajs, {"sync/version": float(version), "timing/load": 0.0}
 
-    def start_update(self, trajectories, advantages, algo, temperature, generator, lr, version, demonstrations=None):
+    def start_update(self, trajectories, advantages, algo, temperature, generator, lr, version, demonstrations=None,
+                     route_questions=None):
         shuffle = int(torch.randint(0, 1 << 30, (1,), generator=generator))  # as plan_update draws its shuffle
         self.events.append(("start_update", version, tuple(t.episode.seed for t in trajectories[:: 2]),
                             tuple(advantages.tolist()), shuffle))
@@ -52,7 +53,7 @@ class ScriptedCluster:
 def scripted_run(one_step_off_policy: bool, steps: int = 5, ckpt_interval: int = 3) -> RayNativeRun:
     run = RayNativeRun.__new__(RayNativeRun)
     run.cfg = SimpleNamespace(tasks_per_step=2, group_size=2, steps=steps, seed=0, get=lambda k, d=None: d)
-    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=0, dynamic_sampling_adaptive_batch=False, screening_samples=0, demo_coef=0.0,
+    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=0, dynamic_sampling_adaptive_batch=False, screening_samples=0, demo_coef=0.0, route_coef=0.0,
                                norm_adv_by_std=True, adv_eps=1e-6, mask_unexecuted=False)
     run.trainer = SimpleNamespace(ckpt_interval=ckpt_interval)
     run.settings = SimpleNamespace(one_step_off_policy=one_step_off_policy)

@@ -418,7 +418,7 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
         )
     if algo.route_coef != 0.0:
         problems.append(
-            f"algorithm.route_coef={algo.route_coef}: the route-question term runs in backend=native only "
+            f"algorithm.route_coef={algo.route_coef}: the route-question term runs in backend=native and native_ray only "
             "(SkyRL's trainer computes its own loss); set it to 0"
         )
     if algo.demo_max_successes != 0:
