@@ -399,10 +399,9 @@ def demonstration_metrics(policy: Any, trajectories: list[Trajectory], batch_siz
     routes = [t.continuation for t in trajectories if t.continuation is not None]
     if routes:  # route passes (rlkit.rollout): loss and accuracy over both sequences, the first move in the routes
         both = with_continuations(trajectories)[0]
-        fit = demonstration_metrics(policy, both[: len(trajectories)], batch_size)
-        route_fit = demonstration_metrics(policy, [replace(t, continuation=None) for t in routes], batch_size)
-        n1 = sum(t.num_policy_tokens for t in both[: len(trajectories)])
-        n2 = sum(t.num_policy_tokens for t in both[len(trajectories):])
+        firsts, seconds = both[: len(trajectories)], both[len(trajectories):]
+        fit, route_fit = (demonstration_metrics(policy, part, batch_size) for part in (firsts, seconds))
+        n1, n2 = (sum(t.num_policy_tokens for t in part) for part in (firsts, seconds))
         share = n2 / max(n1 + n2, 1)
         return {"loss": fit["loss"] * (1 - share) + route_fit["loss"] * share,
                 "token_accuracy": fit["token_accuracy"] * (1 - share) + route_fit["token_accuracy"] * share,
