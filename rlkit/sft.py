@@ -670,7 +670,9 @@ def route_prompt(env_spec: EnvSpec, policy: Any) -> Any:
 def draw_route_questions(env_spec: EnvSpec, policy: Any, seed: int, step: int, n: int) -> list[Trajectory]:
     """The ``algorithm.route_coef`` term's ``n`` route questions of GRPO step ``step`` (``encode_route_example`` of
     ``env_spec.route_example``), drawn from a generator seeded by the run's ``seed`` and the step: a resumed run, and
-    every backend, trains on the questions it would have."""
+    every backend, trains on the questions it would have. Returns n text-only trajectories (loss on the route).
+    Raises: ValueError from ``route_example`` when the env cannot write route questions (a parser other than
+    plan_map)."""
     prompt, rng = route_prompt(env_spec, policy), np.random.default_rng([int(seed), int(step), 29])
     return [encode_route_example(policy, prompt, env_spec.route_example(rng)) for _ in range(n)]
 
