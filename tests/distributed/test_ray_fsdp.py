@@ -179,6 +179,40 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
     assert m_dist["demo/nll"] > 0
 
 
+def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
+    """algorithm.route_coef on FSDP ranks: 3 route questions on text split 2/1 beside 2 demonstrations with
+    pictures. No rank's route micro-batch has a picture, so the vision blocks' collectives are skipped alike, and
+    the 2-rank update equals grpo_update's (the route pass itself is refused on FSDP ranks:
+    tests/core/test_route_pass.py)."""
+    import rlkit.sft
+    from envs.visgym import VisGymMaze
+    from rlkit.sft import demonstration_trajectory, draw_route_questions
+
+    monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
+    local = make_policy()
+    perturb_lora(local.model, seed=13)
+    save_adapter(local.model, tmp_path / "init", version=0)
+    cluster.load_adapter(tmp_path / "init")
+    cluster.set_optimizer_state({})
+    maps = VisGymMaze(variant="small", mode="plan", parser="plan_map", max_turns=17, wall_move="fail")
+    routes = draw_route_questions(maps, local, seed=3, step=5, n=3)
+    assert all(not q.image_inputs for q in routes)
+    demos = [demonstration_trajectory(maps, local, s) for s in (41, 42)]
+    env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
+    trajs = rollout(env, local, make_engine(local), [46], 2, SAMPLING, 0)
+    algo = AlgorithmConfig(micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7, shared_prefix=False)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
+    adv = torch.tensor([1.0, -1.0])
+    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=40, demonstrations=demos, route_questions=routes)
+    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=demos,
+                          route_questions=routes)
+    for key in ("policy/loss", "policy/grad_norm", "demo/nll", "route/nll"):
+        assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
+    assert m_local["route/nll"] > 0
+    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
+
+
 @pytest.mark.parametrize("mode", ["plan", "interactive"])
 def test_shared_prefix_update_on_two_ranks_matches_single_process(cluster, make_policy, tmp_path, mode):
     """algorithm.shared_prefix over 2 FSDP ranks: every micro-batch runs one prefix + one suffix forward
