@@ -41,7 +41,13 @@ class ScriptedCluster:
         shuffle = int(torch.randint(0, 1 << 30, (1,), generator=generator))  # as plan_update draws its shuffle
         self.events.append(("start_update", version, tuple(t.episode.seed for t in trajectories[:: 2]),
                             tuple(advantages.tolist()), shuffle))
+        if route_questions is not None:
+            self.events.append(("update_routes", version, tuple(route_questions)))
         return [version]
+
+    def route_questions(self, seed, step, n):
+        self.events.append(("route_questions", seed, step, n))
+        return [f"route {seed}/{step}/{i}" for i in range(n)]
 
     def finish_update(self, pending):
         self.events.append(("finish_update", pending[0]))
@@ -104,6 +110,21 @@ def test_the_batches_and_task_draws_are_the_synchronous_loops():
     for a, b in zip(m_sync, m_pipe):
         assert a["reward/mean"] == b["reward/mean"] and a["reward/success_rate"] == b["reward/success_rate"]
     assert [m["sync/version"] for m in m_sync] == [0.0, 1.0, 2.0, 3.0, 4.0]  # on-policy: step - 1
+
+
+def test_route_questions_are_the_updated_steps_as_in_the_synchronous_loop():
+    """algorithm.route_coef with the lag: each update trains the route questions of its own step (drawn from the
+    run's seed and that step, rlkit.sft.draw_route_questions), not of the step being sampled ahead, exactly as the
+    synchronous loop does."""
+    runs = [scripted_run(False), scripted_run(True)]
+    for run in runs:
+        run.algo.route_coef, run.algo.route_batch = 1.0, 3
+        metrics = run_steps(run)
+        assert all(m["timing/route"] >= 0.0 for m in metrics)
+    asked, trained = ([[e[1:] for e in run.cluster.events if e[0] == kind] for run in runs]
+                      for kind in ("route_questions", "update_routes"))
+    assert asked[0] == asked[1] == [(0, step, 3) for step in range(1, 6)]
+    assert trained[0] == trained[1] == [(step, tuple(f"route 0/{step}/{i}" for i in range(3))) for step in range(1, 6)]
 
 
 def test_a_resumed_run_starts_from_what_the_checkpoint_step_left():
