@@ -5,11 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 export WANDB_MODE=offline WANDB_SILENT=true
-# Two pytest-xdist workers, one a core, each test file whole on one worker (--dist loadfile: a file's
-# session fixtures, such as its Ray instance, are built once): 475 s here against 800 s in one process.
-# RLKIT_TEST_WORKERS=1 runs them in one process (pytest's own output order, for debugging a failure).
+# Two pytest-xdist workers, one a core, each test file whole on one worker (--dist loadfile: a file's module
+# fixtures, such as its Ray instance, are built once): 475 s here against 800 s in one process.
+# One process (pytest's own output order, for debugging): RLKIT_TEST_WORKERS=1, or pass -n yourself; options
+# that need one process (--pdb, --trace, -s, --capture=no, -p no:xdist) get one without asking.
 workers=${RLKIT_TEST_WORKERS:-2}
-case "$workers" in ''|*[!0-9]*) echo "test.sh: RLKIT_TEST_WORKERS=$workers is not a whole number (try 1 or 2)" >&2; exit 2;; esac
+case "$workers" in *[!0-9]*) echo "test.sh: RLKIT_TEST_WORKERS=$workers is not a whole number (try 1 or 2)" >&2; exit 2;; esac
+for arg in "$@"; do
+  case "$arg" in
+    -n|-n*|--numprocesses*|--pdb|--trace|-s|--capture=no|-pno:xdist|no:xdist) workers=1;;
+  esac
+done
 if [ "$workers" -gt 1 ]; then
   if .venv/bin/python -c "import xdist" 2>/dev/null; then
     set -- -n "$workers" --dist loadfile "$@"

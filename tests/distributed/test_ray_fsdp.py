@@ -181,7 +181,7 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
 
 def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
     """algorithm.route_coef on FSDP ranks: 3 route questions on text split 2/1 beside 2 demonstrations with
-    pictures. No rank's route micro-batch has a picture, so the vision blocks' collectives are skipped alike, and
+    pictures, in the first of two optimizer steps. No rank's route micro-batch has a picture, so the vision blocks' collectives are skipped alike, and
     the 2-rank update equals grpo_update's (the route pass itself is refused on FSDP ranks:
     tests/core/test_route_pass.py)."""
     import rlkit.sft
@@ -199,17 +199,20 @@ def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy,
     assert all(not q.image_inputs for q in routes)
     demos = [demonstration_trajectory(maps, local, s) for s in (41, 42)]
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
-    trajs = rollout(env, local, make_engine(local), [46], 2, SAMPLING, 0)
-    algo = AlgorithmConfig(micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7, shared_prefix=False)
+    trajs = rollout(env, local, make_engine(local), [46, 47], 2, SAMPLING, 0)
+    # two optimizer steps: the demonstrations and route questions join the first only (module doc of
+    # rlkit.distributed.update, step 4), as grpo_update adds them
+    algo = AlgorithmConfig(mini_batch_size=2, micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7,
+                           shared_prefix=False)
     opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
-    adv = torch.tensor([1.0, -1.0])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=40, demonstrations=demos, route_questions=routes)
     m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=demos,
                           route_questions=routes)
     for key in ("policy/loss", "policy/grad_norm", "demo/nll", "route/nll"):
         assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
-    assert m_local["route/nll"] > 0
+    assert m_local["route/nll"] > 0 and m_local["policy/optimizer_steps"] == m_dist["policy/optimizer_steps"] == 2.0
     assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
 
 
