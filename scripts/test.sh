@@ -13,7 +13,7 @@ workers=${RLKIT_TEST_WORKERS:-2}
 case "$workers" in *[!0-9]*) echo "test.sh: RLKIT_TEST_WORKERS=$workers is not a whole number (try 1 or 2)" >&2; exit 2;; esac
 for arg in "$@"; do
   case "$arg" in
-    -n|-n*|--numprocesses*|--pdb|--trace|-s|--capture=no|-pno:xdist|no:xdist) workers=1;;
+    -n*|--numprocesses*|--pdb|--trace|-s|--capture=no|-pno:xdist|no:xdist) workers=1;;
   esac
 done
 if [ "$workers" -gt 1 ]; then

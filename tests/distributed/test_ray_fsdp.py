@@ -181,9 +181,9 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
 
 def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
     """algorithm.route_coef on FSDP ranks: 3 route questions on text split 2/1 beside 2 demonstrations with
-    pictures, in the first of two optimizer steps. No rank's route micro-batch has a picture, so the vision blocks' collectives are skipped alike, and
-    the 2-rank update equals grpo_update's (the route pass itself is refused on FSDP ranks:
-    tests/core/test_route_pass.py)."""
+    pictures, in the first of two optimizer steps. No rank's route micro-batch has a picture, so the vision
+    blocks' collectives are skipped alike, and the 2-rank update equals grpo_update's (the route pass itself is
+    refused on FSDP ranks: tests/core/test_route_pass.py)."""
     import rlkit.sft
     from envs.visgym import VisGymMaze
     from rlkit.sft import demonstration_trajectory, draw_route_questions
