@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 #: Bump when the warm-start builder changes what it produces for the same config (a new cache key).
 SFT_BUILDER_VERSION = 2
 
+#: Bump when what a route-pass warm start (``env.route_context=text``) produces changes for the same config. Hashed
+#: into the keys of route-pass builds only, so the other warm starts keep theirs. 2: the continuation's loss on the
+#: route alone (not ``<answer>``) and the second pass's own sampling seed (03fa612); builds before it were keyed
+#: without this field and are not reused.
+ROUTE_PASS_BUILDER_VERSION = 2
+
 #: Policy config keys that do not change a full fine-tuning stage's checkpoint, left out of the cache
 #: key: where things are (cache_dir), and the LoRA adapter of the later GRPO stage (the warm start and
 #: grounding train all weights, without an adapter), so a sweep over policy.lora.* shares one warm start.
@@ -100,8 +106,9 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
     (another RLKIT_CACHE_DIR, another machine's mount point) finds its entries. Nor does
     ``policy.lora``: the stage trains all weights, the adapter belongs to GRPO. Nor does
     ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0, or ``env.holdout`` when it is
-    "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid).
-    Returns a dict {sft, env, policy, builder_version[, decoding][, prompt]} of plain values; a build records it
+    "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid). A route-pass build
+    (``env.route_context`` "text") also hashes ``ROUTE_PASS_BUILDER_VERSION``.
+    Returns a dict {sft, env, policy, builder_version[, route_pass_builder_version][, decoding][, prompt]} of plain values; a build records it
     (``build`` in its summary) so that a cache entry says what it is (scripts/cache.py).
     """
     def plain(v: Any) -> Any:
@@ -118,6 +125,8 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
         if isinstance(env, dict) and added_later in env and env[added_later] == before:
             env = {k: v for k, v in env.items() if k != added_later}
     content = {"sft": plain(sft_cfg), "env": env, "policy": policy, "builder_version": SFT_BUILDER_VERSION}
+    if isinstance(env, dict) and env.get("route_context") == "text":
+        content["route_pass_builder_version"] = ROUTE_PASS_BUILDER_VERSION
     if decoding is not None:
         content["decoding"] = plain(decoding)
     if prompt is not None:

@@ -109,3 +109,19 @@ def test_a_checkpoint_overwritten_in_place_with_same_size_weights_keys_anew(tmp_
     (ckpt / "model.safetensors").write_bytes(bytes(shard))
     assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
     assert rlkit.sft.checkpoint_fingerprint(ckpt) == rlkit.sft.checkpoint_fingerprint(ckpt)  # stable
+
+
+def test_a_route_pass_build_is_keyed_on_its_own_builder_version(monkeypatch):
+    """A route-pass warm start (env.route_context=text) rebuilds when ROUTE_PASS_BUILDER_VERSION is bumped (a
+    build made before 03fa612 trained its continuations differently); every other warm start keeps its key."""
+    import rlkit.sft as sft
+
+    route_env = OmegaConf.merge(ENV, {"route_context": "text"})
+    picture_env = OmegaConf.merge(ENV, {"route_context": "picture"})
+    route, picture, plain = (sft_cache_key(SFT, e, _policy()) for e in (route_env, picture_env, ENV))
+    assert picture == plain  # "picture" is the value every build before the key had
+    assert route != picture
+    monkeypatch.setattr(sft, "ROUTE_PASS_BUILDER_VERSION", sft.ROUTE_PASS_BUILDER_VERSION + 1)
+    assert sft_cache_key(SFT, route_env, _policy()) != route
+    assert sft_cache_key(SFT, picture_env, _policy()) == picture
+    assert sft_cache_key(SFT, ENV, _policy()) == plain
