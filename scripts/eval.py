@@ -5,6 +5,7 @@
     python scripts/eval.py /path/to/adapter env=visgym_interactive env.max_turns=18
     python scripts/eval.py --no-adapter --base /path/to/checkpoint           # the base model alone
     python scripts/eval.py outputs/... --twins     # also the eval mazes' turned and mirrored twins (VisGym)
+    python scripts/eval.py outputs/... --reading   # also the grounding stage's questions on the eval mazes (VisGym)
 
 This is the evaluation the training loop runs (rlkit.evaluation.evaluate, rlkit.backends.native):
 the base the adapter recorded (adapter_config.json) or ``--base``, wrapped with LoRA of the
@@ -58,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "maze fail in every orientation, or only in the one held out?")
     p.add_argument("--twin-seed-limit", type=positive_int, default=6000,
                    help="seeds searched for twins (7x7: all 344 below 5,400; 9x9: about 7 per 6,000)")
+    p.add_argument("--reading", action="store_true",
+                   help="also ask the grounding stage's questions (grounding.curriculum's last phase, the run's "
+                        "config: walls on the default) about the evaluation mazes' pictures and print their "
+                        "accuracy table, teacher-forced as rlkit.grounding measures it: does the policy still "
+                        "read after GRPO? (VisGym)")
+    p.add_argument("--reading-questions", type=positive_int, default=4,
+                   help="questions per evaluation maze and task for --reading (each draws its own agent and goal cells)")
     return p
 
 
@@ -148,8 +156,45 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(metrics, indent=1))
     if args.out:
         write_outcomes(Path(args.out), env_spec.eval_set_name, 0, metrics, per_task)
-    if args.twins:
-        return eval_twins(env_spec, policy, sampling, per_task, args.twin_seed_limit, args.batch_size)
+    status = 0
+    if args.reading:
+        tasks = list(cfg.grounding.curriculum[-1]) if cfg.grounding.curriculum else []
+        status = eval_reading(env_spec, policy, seeds, tasks, args.reading_questions, int(cfg.seed))
+    if args.twins and status == 0:
+        status = eval_twins(env_spec, policy, sampling, per_task, args.twin_seed_limit, args.batch_size)
+    return status
+
+
+def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze: int, seed: int) -> int:
+    """The grounding stage's questions about the pictures of the evaluation mazes ``seeds``: ``per_maze`` questions
+    of each task in ``tasks`` (``env_spec.grounding_example``, which draws the agent's and the goal's cells with a
+    generator seeded by ``seed``), scored as rlkit.grounding scores its held-out questions (teacher-forced argmax of
+    every answer token; a wall bit by its own token). Prints one line and the accuracy table (exact answers per
+    task, ``wall_bits`` per bit). GRPO never asks these questions, so a policy whose success rises can read worse.
+    Returns 0, or 2 (with the message on stderr) for an env without grounding questions or no task to ask
+    (an empty ``grounding.curriculum``: name one, e.g. ``'grounding.curriculum=[[walls]]'``)."""
+    import numpy as np
+
+    from rlkit.grounding import accuracy_table, encode_example, format_table, token_hits
+
+    if not callable(getattr(env_spec, "grounding_example", None)):
+        print(f"error: --reading needs an env with grounding questions (VisGym), not {type(env_spec).__name__}",
+              file=sys.stderr)
+        return 2
+    if not tasks:
+        print("error: --reading asks grounding.curriculum's last phase, which is empty: set one, e.g. "
+              "'grounding.curriculum=[[walls]]'", file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(seed)
+    items = [encode_example(policy, env_spec.grounding_example(s, task, rng))
+             for s in seeds for task in tasks for _ in range(per_maze)]
+    per_token = token_hits(policy, items)
+    table = {k: v for k, v in accuracy_table(items, [all(h) for h in per_token], per_token).items()
+             if v == v}  # no wall bit asked: accuracy_table's wall_bits is nan
+    print(f"[rlkit] reading on {len(seeds)} evaluation mazes ({per_maze} question(s) each of {', '.join(tasks)}; "
+          f"teacher-forced): {table['all']:.1%} exact" +
+          (f", {table['wall_bits']:.1%} of wall bits" if "wall_bits" in table else ""))
+    print(format_table({"accuracy": table}))
     return 0
 
 

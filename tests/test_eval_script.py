@@ -115,3 +115,45 @@ def test_route_errors_refuses_what_is_not_an_evaluation(tmp_path):
     assert proc.returncode == 1 and "is not an evaluation json" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, str(script), str(tmp_path), "--parser", "nosuch"], capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice: 'nosuch'" in proc.stderr
+
+
+def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypatch, capsys, tiny_test_ckpt):
+    """--reading asks each evaluation maze per_maze questions and reports exact answers and wall bits as
+    rlkit.grounding scores them: one wrong wall bit in one of 4 transcriptions is 75% exact and 1 bit of 4 x 12."""
+    import rlkit.grounding
+    from envs.visgym.grounding import walls_answer
+    from envs.visgym.maze import generate_maze
+    from rlkit.policy import load_policy
+
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", lora={"enabled": False})
+    seeds = env.eval_seeds()[:2]
+    asked = []
+
+    def fake_token_hits(policy, items, batch_size=64):
+        asked.extend(items)
+        hits = [[True] * it.answer_len for it in items]
+        hits[0][items[0].bit_tokens[0]] = False  # the first transcription misreads its first wall bit
+        return hits
+
+    monkeypatch.setattr(rlkit.grounding, "token_hits", fake_token_hits)
+    assert load_eval_script().eval_reading(env, policy, seeds, ["walls"], 2, seed=0) == 0
+    bits = len(walls_answer(generate_maze(seeds[0], 7)[0])[1])
+    assert bits == 12  # 3 x 3 rooms: 12 passages between them
+    assert [it.task for it in asked] == ["walls"] * 4
+    assert [it.trajectory.episode.seed for it in asked] == [seeds[0], seeds[0], seeds[1], seeds[1]]
+    out = capsys.readouterr().out
+    assert f"reading on 2 evaluation mazes (2 question(s) each of walls; teacher-forced): 75.0% exact, " \
+           f"{(4 * bits - 1) / (4 * bits):.1%} of wall bits" in out
+
+
+def test_reading_needs_grounding_questions_and_a_task(capsys):
+    class NotAMaze:
+        pass
+
+    script = load_eval_script()
+    assert script.eval_reading(NotAMaze(), None, [0], ["walls"], 1, seed=0) == 2
+    assert "--reading needs an env with grounding questions" in capsys.readouterr().err
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    assert script.eval_reading(env, None, [0], [], 1, seed=0) == 2
+    assert "grounding.curriculum=[[walls]]" in capsys.readouterr().err
