@@ -108,7 +108,8 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
     ``env.train_room_endpoints`` or ``env.train_open_passage`` when it is 0, or ``env.holdout`` when it is
     "layout" (``_ENV_KEYS_ADDED_LATER``: caches built before the key existed stay valid). A route-pass build
     (``env.route_context`` "text") also hashes ``ROUTE_PASS_BUILDER_VERSION``.
-    Returns a dict {sft, env, policy, builder_version[, route_pass_builder_version][, decoding][, prompt]} of plain values; a build records it
+    Returns a dict {sft, env, policy, builder_version[, route_pass_builder_version][, decoding][, prompt]} of plain
+    values; a build records it
     (``build`` in its summary) so that a cache entry says what it is (scripts/cache.py).
     """
     def plain(v: Any) -> Any:

@@ -18,7 +18,8 @@ directory) and then the positional Hydra overrides.
 
 Prints the success rate (with the turn budget) and the metrics; ``--out`` writes the per-task
 outcomes (rlkit.evaluation.write_outcomes format, as a run's eval/final.json). Exit status 2 with
-the message on stderr for an unusable adapter, base or config.
+the message on stderr for an unusable adapter, base or config, or for ``--reading`` / ``--twins`` on an env
+without grounding questions or twins (``--reading``'s tasks are checked before anything is evaluated).
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--twin-seed-limit", type=positive_int, default=6000,
                    help="seeds searched for twins (7x7: all 344 below 5,400; 9x9: about 7 per 6,000)")
     p.add_argument("--reading", action="store_true",
-                   help="also ask the grounding stage's questions (grounding.curriculum's last phase, the run's "
-                        "config: walls on the default) about the evaluation mazes' pictures and print their "
-                        "accuracy table, teacher-forced as rlkit.grounding measures it: does the policy still "
-                        "read after GRPO? (VisGym)")
+                   help="also ask the grounding stage's questions (grounding.curriculum's last phase in the run's "
+                        "config, walls on the default; every task the env offers when it is []) about the "
+                        "evaluation mazes' pictures and print their accuracy table, teacher-forced as "
+                        "rlkit.grounding measures it: does the policy still read after GRPO? (VisGym)")
     p.add_argument("--reading-questions", type=positive_int, default=4,
                    help="questions per evaluation maze and task for --reading (each draws its own agent and goal cells)")
+    p.add_argument("--reading-seed", type=int, default=12345,
+                   help="seeds the --reading questions' draws: the same questions for every run and checkpoint")
     return p
 
 
@@ -109,7 +112,7 @@ def load_eval_policy(policy_cfg: dict, adapter, base: str | None, allow_base_mis
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # overrides before or after the flags
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     if args.adapter is not None and "=" in args.adapter and not Path(args.adapter).exists():
         args.overrides.insert(0, args.adapter)  # an override in the adapter's place (with --no-adapter)
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         adapter = parse_adapter_arg(args.adapter) if args.adapter else None
         cfg = compose(args.overrides, run_dir=adapter.run_dir if adapter else None)
         env_spec = eval_env_spec(cfg)
+        tasks = reading_tasks(env_spec, cfg.grounding.get("curriculum")) if args.reading else []
         policy = load_eval_policy(node(cfg, "policy"), adapter, args.base, args.allow_base_mismatch)
     except (AdapterError, ConfigComposeError, ConfigError, PolicyLoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -158,41 +162,64 @@ def main(argv: list[str] | None = None) -> int:
         write_outcomes(Path(args.out), env_spec.eval_set_name, 0, metrics, per_task)
     status = 0
     if args.reading:
-        tasks = list(cfg.grounding.curriculum[-1]) if cfg.grounding.curriculum else []
-        status = eval_reading(env_spec, policy, seeds, tasks, args.reading_questions, int(cfg.seed))
-    if args.twins and status == 0:
-        status = eval_twins(env_spec, policy, sampling, per_task, args.twin_seed_limit, args.batch_size)
+        status = eval_reading(env_spec, policy, seeds, tasks, args.reading_questions, args.reading_seed,
+                              args.batch_size)
+    if args.twins:
+        status = max(status, eval_twins(env_spec, policy, sampling, per_task, args.twin_seed_limit, args.batch_size))
     return status
 
 
-def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze: int, seed: int) -> int:
+def reading_tasks(env_spec, curriculum) -> list[str]:
+    """The grounding tasks ``--reading`` asks: the last phase of ``curriculum`` (``grounding.curriculum``), or every
+    task the env offers when it is empty or None, as the grounding stage reads it (rlkit.grounding.train_grounding).
+    Raises ValueError (naming the fix) for an env without grounding questions, an empty last phase or a task the env
+    does not offer."""
+    offered = list(getattr(env_spec, "grounding_tasks", None) or [])
+    if not callable(getattr(env_spec, "grounding_example", None)) or not offered:
+        raise ValueError(f"--reading needs an env with grounding questions (VisGym), not {type(env_spec).__name__}")
+    phases = [list(p) for p in (curriculum or [])]
+    tasks = phases[-1] if phases else offered
+    unknown = sorted(set(tasks) - set(offered))
+    if unknown or not tasks:
+        raise ValueError(f"--reading asks grounding.curriculum's last phase {tasks}: "
+                         f"{'unknown task(s) ' + str(unknown) if unknown else 'an empty phase'}; "
+                         f"{type(env_spec).__name__} offers {offered} (e.g. 'grounding.curriculum=[[walls]]')")
+    return tasks
+
+
+def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze: int, seed: int,
+                 batch_size: int = 64) -> int:
     """The grounding stage's questions about the pictures of the evaluation mazes ``seeds``: ``per_maze`` questions
-    of each task in ``tasks`` (``env_spec.grounding_example``, which draws the agent's and the goal's cells with a
-    generator seeded by ``seed``), scored as rlkit.grounding scores its held-out questions (teacher-forced argmax of
-    every answer token; a wall bit by its own token). Prints one line and the accuracy table (exact answers per
-    task, ``wall_bits`` per bit). GRPO never asks these questions, so a policy whose success rises can read worse.
-    Returns 0, or 2 (with the message on stderr) for an env without grounding questions or no task to ask
-    (an empty ``grounding.curriculum``: name one, e.g. ``'grounding.curriculum=[[walls]]'``)."""
+    of each task in ``tasks`` (``reading_tasks``; ``env_spec.grounding_example``, which draws the agent's and the
+    goal's cells from a generator seeded by ``seed``, so every checkpoint gets the same questions), scored as
+    rlkit.grounding scores its held-out questions (teacher-forced argmax of every answer token; a wall bit by its own
+    token), ``batch_size`` questions a forward. Prints one line and the accuracy table (exact answers per task and
+    ``all``, ``wall_bits`` per bit when a task asks wall bits). GRPO never asks these questions, so a policy whose
+    success rises can read worse. The pictures are the real ones, also for a control=fixed_image run (a question
+    about one maze on another maze's picture has no right answer).
+    Returns 0, or 2 (with the message on stderr) when a question cannot be scored (two wall bits in one token of
+    the policy's tokenizer: rlkit.grounding.encode_example)."""
+    import warnings
+
     import numpy as np
 
+    from rlkit.controls import FixedImageEnvSpec
     from rlkit.grounding import accuracy_table, encode_example, format_table, token_hits
 
-    if not callable(getattr(env_spec, "grounding_example", None)):
-        print(f"error: --reading needs an env with grounding questions (VisGym), not {type(env_spec).__name__}",
-              file=sys.stderr)
-        return 2
-    if not tasks:
-        print("error: --reading asks grounding.curriculum's last phase, which is empty: set one, e.g. "
-              "'grounding.curriculum=[[walls]]'", file=sys.stderr)
-        return 2
     rng = np.random.default_rng(seed)
-    items = [encode_example(policy, env_spec.grounding_example(s, task, rng))
-             for s in seeds for task in tasks for _ in range(per_maze)]
-    per_token = token_hits(policy, items)
-    table = {k: v for k, v in accuracy_table(items, [all(h) for h in per_token], per_token).items()
-             if v == v}  # no wall bit asked: accuracy_table's wall_bits is nan
-    print(f"[rlkit] reading on {len(seeds)} evaluation mazes ({per_maze} question(s) each of {', '.join(tasks)}; "
-          f"teacher-forced): {table['all']:.1%} exact" +
+    try:
+        items = [encode_example(policy, env_spec.grounding_example(s, task, rng))
+                 for s in seeds for task in tasks for _ in range(per_maze)]
+    except ValueError as e:
+        print(f"error: --reading: {e}", file=sys.stderr)
+        return 2
+    per_token = token_hits(policy, items, batch_size)
+    with warnings.catch_warnings():  # no wall bit asked: accuracy_table's wall_bits is the mean of nothing (nan)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        table = {k: v for k, v in accuracy_table(items, [all(h) for h in per_token], per_token).items() if v == v}
+    real = " (the real pictures: control=fixed_image does not apply)" if isinstance(env_spec, FixedImageEnvSpec) else ""
+    print(f"[rlkit] reading on {len(seeds)} evaluation mazes{real} ({per_maze} question(s) each of "
+          f"{', '.join(tasks)}; teacher-forced): {table['all']:.1%} exact" +
           (f", {table['wall_bits']:.1%} of wall bits" if "wall_bits" in table else ""))
     print(format_table({"accuracy": table}))
     return 0

@@ -236,17 +236,22 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
 
 def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
     """`-m env=a,b env.wall_mov=...`: train.py leaves keys inside a swept group to Hydra (each job holds other keys),
-    and Hydra refuses the key as it composes the first job: exit 1, no job folder, nothing trained. The '+' Hydra then
-    suggests is refused too, by the env's constructor, naming the key."""
+    and Hydra refuses the key as it composes the sweep's base config, before any job: exit 1, no sweep folder,
+    nothing trained. The '+' Hydra then suggests is refused too, by the env's constructor, naming the key."""
+    import os
+
     train = str(CONF.parent / "train.py")
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # its traceback is the user's choice
     sweep = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, train, "-m", "env=visgym_small,visgym", "env.wall_mov=stay",
                            "experiment=smoke", f"hydra.sweep.dir={sweep}"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stderr
     assert "Could not override 'env.wall_mov'" in proc.stderr and "Traceback" not in proc.stderr
-    assert not sweep.exists() or not any(sweep.iterdir())  # no job ran
+    assert not sweep.exists()  # no job ran
     proc = subprocess.run([sys.executable, train, "experiment=smoke", "+env.wall_mov=stay",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode != 0
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "[rlkit] config error: config group 'env'" in proc.stderr and "Traceback" not in proc.stderr
     assert "unexpected keyword argument 'wall_mov'" in proc.stderr, proc.stderr

@@ -1,9 +1,12 @@
-"""scripts/eval.py: the twins of the evaluation mazes (--twins), and a control run evaluated as its run did."""
+"""scripts/eval.py: the twins of the evaluation mazes (--twins), the grounding questions on them (--reading), and a
+control run evaluated as its run did."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 from envs.visgym import VisGymMaze
 
@@ -147,13 +150,59 @@ def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypa
            f"{(4 * bits - 1) / (4 * bits):.1%} of wall bits" in out
 
 
-def test_reading_needs_grounding_questions_and_a_task(capsys):
+def test_reading_asks_the_last_curriculum_phase_or_every_task_and_refuses_what_it_cannot_ask():
+    script = load_eval_script()
+    env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    assert script.reading_tasks(env, [["cell"], ["walls", "moves"]]) == ["walls", "moves"]  # the last phase
+    assert script.reading_tasks(env, []) == list(env.grounding_tasks)  # [] = one phase with every task
+    assert script.reading_tasks(env, None) == list(env.grounding_tasks)
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['wals'\].*offers"):
+        script.reading_tasks(env, [["wals"]])
+    with pytest.raises(ValueError, match="an empty phase"):
+        script.reading_tasks(env, [["walls"], []])
+
     class NotAMaze:
         pass
 
-    script = load_eval_script()
-    assert script.eval_reading(NotAMaze(), None, [0], ["walls"], 1, seed=0) == 2
-    assert "--reading needs an env with grounding questions" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--reading needs an env with grounding questions"):
+        script.reading_tasks(NotAMaze(), [["walls"]])
+
+
+def test_reading_asks_every_checkpoint_the_same_questions(monkeypatch, capsys, tiny_test_ckpt):
+    """The questions come from --reading-seed alone (a warm start and a GRPO adapter of another run seed are asked
+    the same ones); a task without wall bits prints no wall-bit share, and no warning about an empty mean."""
+    import warnings
+
+    import rlkit.grounding
+    from rlkit.policy import load_policy
+
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
-    assert script.eval_reading(env, None, [0], [], 1, seed=0) == 2
-    assert "grounding.curriculum=[[walls]]" in capsys.readouterr().err
+    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", lora={"enabled": False})
+    asked: list[list[int]] = []
+    monkeypatch.setattr(rlkit.grounding, "token_hits", lambda policy, items, batch_size=64: (
+        asked.append([tuple(it.trajectory.input_ids) for it in items]) or [[True] * it.answer_len for it in items]))
+    script = load_eval_script()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in (5, 5, 6):
+            assert script.eval_reading(env, policy, env.eval_seeds()[:3], ["agent"], 2, seed=seed) == 0
+    assert asked[0] == asked[1] and asked[0] != asked[2]  # the agent's cell is drawn from the seed
+    out = capsys.readouterr().out
+    assert "(2 question(s) each of agent; teacher-forced): 100.0% exact\n" in out and "wall bits" not in out
+    # a control=fixed_image run is asked about the real pictures: the same questions, and it says so
+    from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
+
+    blind = FixedImageEnvSpec(env, fixed_image_seed(0, env))
+    assert script.eval_reading(blind, policy, env.eval_seeds()[:3], ["agent"], 2, seed=5) == 0
+    assert asked[3] == asked[0]
+    assert "(the real pictures: control=fixed_image does not apply)" in capsys.readouterr().out
+
+
+def test_overrides_may_follow_the_flags():
+    """`eval.py RUN --reading grounding.curriculum=[[walls]]` parses the override (argparse's plain parse_args
+    refuses a positional after an option)."""
+    script = load_eval_script()
+    args = script.build_parser().parse_intermixed_args(["run", "--reading", "grounding.curriculum=[[walls]]", "--twins",
+                                                        "env.max_turns=18"])
+    assert args.adapter == "run" and args.overrides == ["grounding.curriculum=[[walls]]", "env.max_turns=18"]
+    assert args.reading and args.twins

@@ -120,7 +120,8 @@ def test_a_route_pass_build_is_keyed_on_its_own_builder_version(monkeypatch):
     picture_env = OmegaConf.merge(ENV, {"route_context": "picture"})
     route, picture, plain = (sft_cache_key(SFT, e, _policy()) for e in (route_env, picture_env, ENV))
     assert picture == plain  # "picture" is the value every build before the key had
-    assert route != picture
+    assert "route_pass_builder_version" in sft.cache_key_inputs(SFT, route_env, _policy())
+    assert "route_pass_builder_version" not in sft.cache_key_inputs(SFT, picture_env, _policy())
     monkeypatch.setattr(sft, "ROUTE_PASS_BUILDER_VERSION", sft.ROUTE_PASS_BUILDER_VERSION + 1)
     assert sft_cache_key(SFT, route_env, _policy()) != route
     assert sft_cache_key(SFT, picture_env, _policy()) == picture
