@@ -149,7 +149,7 @@ def test_supervised_batch_shares_the_system_prompt_exactly(policy, plan_env):
         loss = -(lp * mask).sum() / mask.sum()
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.requires_grad])
-        return float(loss), grads
+        return float(loss.detach()), grads
 
     (l_plain, g_plain), (l_shared, g_shared) = loss_and_grad(False), loss_and_grad(True)
     assert l_shared == pytest.approx(l_plain, rel=1e-6)
