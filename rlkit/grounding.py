@@ -135,14 +135,15 @@ def accuracy_table(items: Sequence[GroundingItem], hits: Sequence[bool],
                    per_token: Sequence[Sequence[bool]] | None = None) -> dict[str, float]:
     """Exact-match accuracy per task and ``all``, plus ``wall_bits``: the accuracy over every wall
     bit asked, a ``cell`` question about a wall bit counting one bit and a ``walls`` transcription
-    counting each of its bits (its token in ``per_token``, teacher-forced; see ``token_hits``)."""
+    counting each of its bits (its token in ``per_token``, teacher-forced; see ``token_hits``). ``wall_bits`` is
+    left out when no question asks a wall bit (it would be the mean of nothing)."""
     groups: dict[str, list[bool]] = defaultdict(list)
     for k, (it, h) in enumerate(zip(items, hits)):
         groups[it.task].append(h)
         if it.wall_bit:
             groups[WALL_BITS].append(h)
-        if per_token is not None:
-            groups[WALL_BITS].extend(bool(per_token[k][b]) for b in getattr(it, "bit_tokens", ()))
+        if per_token is not None and getattr(it, "bit_tokens", ()):
+            groups[WALL_BITS].extend(bool(per_token[k][b]) for b in it.bit_tokens)
         groups["all"].append(h)
     return {k: float(np.mean(v)) for k, v in sorted(groups.items())}
 

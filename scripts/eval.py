@@ -199,8 +199,6 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
     about one maze on another maze's picture has no right answer).
     Returns 0, or 2 (with the message on stderr) when a question cannot be scored (two wall bits in one token of
     the policy's tokenizer: rlkit.grounding.encode_example)."""
-    import warnings
-
     import numpy as np
 
     from rlkit.controls import FixedImageEnvSpec
@@ -214,9 +212,7 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
         print(f"error: --reading: {e}", file=sys.stderr)
         return 2
     per_token = token_hits(policy, items, batch_size)
-    with warnings.catch_warnings():  # no wall bit asked: accuracy_table's wall_bits is the mean of nothing (nan)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        table = {k: v for k, v in accuracy_table(items, [all(h) for h in per_token], per_token).items() if v == v}
+    table = accuracy_table(items, [all(h) for h in per_token], per_token)
     real = " (the real pictures: control=fixed_image does not apply)" if isinstance(env_spec, FixedImageEnvSpec) else ""
     print(f"[rlkit] reading on {len(seeds)} evaluation mazes{real} ({per_maze} question(s) each of "
           f"{', '.join(tasks)}; teacher-forced): {table['all']:.1%} exact" +

@@ -66,6 +66,22 @@ def test_accuracy_table_groups_tasks_and_wall_bits():
     assert "wall_bits" in format_table({"image": table, "blind": table})
 
 
+def test_accuracy_table_has_no_wall_bits_when_none_is_asked():
+    """Questions without a wall bit (agent, goal; teacher-forced per token or not) give no wall_bits entry, not the
+    nan (and numpy's warnings) of an empty mean."""
+    import warnings
+
+    class It:
+        def __init__(self, task):
+            self.task, self.wall_bit, self.bit_tokens = task, False, ()
+
+    items = [It("agent"), It("goal"), It("goal")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = accuracy_table(items, [True, False, True], [[True, True], [False], [True]])
+    assert table == {"agent": 1.0, "all": pytest.approx(2 / 3), "goal": 0.5}
+
+
 def test_walls_bits_are_scored_token_by_token(full_policy):
     """A walls transcription counts each of its bits in wall_bits: the token holding each value."""
     ex = VisGymMaze(variant="small").grounding_example(5, "walls", np.random.default_rng(0))
