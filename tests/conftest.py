@@ -48,10 +48,13 @@ def _global_rngs_restored():
     import numpy as np
 
     state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None  # the GPU checks' runs
     yield
     random.setstate(state[0])
     np.random.set_state(state[1])
     torch.set_rng_state(state[2])
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 @pytest.fixture(scope="session")
