@@ -24,6 +24,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for a whole number >= 0 (a seed, ``--reading-seed``): a clear error otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: use a number >= 0")
+    return value
+
+
 def first_eval_seeds(seeds: list[int], num_tasks: int | None, eval_set: str) -> list[int]:
     """The first ``num_tasks`` of an evaluation set's seeds (None or 0: all of them).
 

@@ -156,6 +156,28 @@ def draw_examples(env_spec: Any, sampler: TaskSampler, tasks: Sequence[str], n: 
     return [env_spec.grounding_example(s, t, rng) for s, t in zip(seeds, names)]
 
 
+def curriculum_phases(env_spec: Any, curriculum: Any) -> list[list[str]]:
+    """``grounding.curriculum`` as the grounding stage runs it: a list of phases, each a list of the env's grounding
+    task names; an empty or None curriculum is one phase of every task the env offers (``env_spec.grounding_tasks``).
+
+    Raises: ValueError naming the fix when the env offers no grounding questions (no ``grounding_example``), a phase
+    is not a list (``[walls]`` where ``[[walls]]`` was meant), a phase is empty or a task is not the env's."""
+    if not hasattr(env_spec, "grounding_example"):
+        raise ValueError(f"{type(env_spec).__name__} offers no grounding questions (no grounding_example); "
+                         "set grounding.enabled=false")
+    offered = list(env_spec.grounding_tasks)
+    raw = list(curriculum or [])
+    if any(isinstance(p, str) for p in raw):
+        raise ValueError(f"grounding.curriculum {raw}: a list of phases, each a list of tasks: write "
+                         f"'grounding.curriculum=[[{','.join(str(p) for p in raw)}]]' for one phase")
+    phases = [list(p) for p in raw] or [offered]
+    unknown = sorted({t for p in phases for t in p} - set(offered))
+    if unknown or any(not p for p in phases):
+        raise ValueError(f"grounding.curriculum {phases}: unknown or empty phase {unknown}; "
+                         f"{type(env_spec).__name__} offers {offered}")
+    return phases
+
+
 def train_grounding(
     env_spec: Any,
     policy: Any,
@@ -199,14 +221,7 @@ def train_grounding(
         ValueError: the env offers no grounding questions, or the curriculum names a task it lacks
             (or has an empty phase).
     """
-    if not hasattr(env_spec, "grounding_example"):
-        raise ValueError(f"{type(env_spec).__name__} offers no grounding questions (no grounding_example); "
-                         "set grounding.enabled=false")
-    phases = [list(p) for p in cfg.curriculum] or [list(env_spec.grounding_tasks)]
-    unknown = sorted({t for p in phases for t in p} - set(env_spec.grounding_tasks))
-    if unknown or any(not p for p in phases):
-        raise ValueError(f"grounding.curriculum {phases}: unknown or empty phase {unknown}; "
-                         f"{type(env_spec).__name__} offers {list(env_spec.grounding_tasks)}")
+    phases = curriculum_phases(env_spec, cfg.curriculum)
     all_tasks = list(dict.fromkeys(t for p in phases for t in p))
     t0 = time.time()
     torch.manual_seed(cfg.seed)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, positive_int  # noqa: E402
+from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, non_negative_int, positive_int  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-tasks", type=positive_int, default=None,
                    help="first N seeds of the eval set (default: eval.num_tasks)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="episodes per rollout batch")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch intra-op threads (default: trainer.num_threads, else 1, as in training: "
                         "a tiny model ran ~20x slower with torch's default pool on a shared 2-core machine)")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "rlkit.grounding measures it: does the policy still read after GRPO? (VisGym)")
     p.add_argument("--reading-questions", type=positive_int, default=4,
                    help="questions per evaluation maze and task for --reading (each draws its own agent and goal cells)")
-    p.add_argument("--reading-seed", type=int, default=12345,
-                   help="seeds the --reading questions' draws: the same questions for every run and checkpoint")
+    p.add_argument("--reading-seed", type=non_negative_int, default=12345,
+                   help="seeds the --reading questions' draws: the same questions for every run and checkpoint asked "
+                        "the same tasks (the tasks share one generator)")
     return p
 
 
@@ -171,27 +172,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def reading_tasks(env_spec, curriculum) -> list[str]:
     """The grounding tasks ``--reading`` asks: the last phase of ``curriculum`` (``grounding.curriculum``), or every
-    task the env offers when it is empty or None, as the grounding stage reads it (rlkit.grounding.train_grounding).
-    Raises ValueError (naming the fix) for an env without grounding questions, an empty last phase or a task the env
-    does not offer."""
-    offered = list(getattr(env_spec, "grounding_tasks", None) or [])
-    if not callable(getattr(env_spec, "grounding_example", None)) or not offered:
+    task the env offers when it is empty or None, as the grounding stage reads it (rlkit.grounding.curriculum_phases).
+    Raises ValueError (naming the fix) for an env without grounding questions, a phase that is not a list, an empty
+    phase or a task the env does not offer."""
+    from rlkit.grounding import curriculum_phases
+
+    if not callable(getattr(env_spec, "grounding_example", None)):
         raise ValueError(f"--reading needs an env with grounding questions (VisGym), not {type(env_spec).__name__}")
-    phases = [list(p) for p in (curriculum or [])]
-    tasks = phases[-1] if phases else offered
-    unknown = sorted(set(tasks) - set(offered))
-    if unknown or not tasks:
-        raise ValueError(f"--reading asks grounding.curriculum's last phase {tasks}: "
-                         f"{'unknown task(s) ' + str(unknown) if unknown else 'an empty phase'}; "
-                         f"{type(env_spec).__name__} offers {offered} (e.g. 'grounding.curriculum=[[walls]]')")
-    return tasks
+    try:
+        return curriculum_phases(env_spec, curriculum)[-1]
+    except ValueError as e:
+        raise ValueError(f"--reading: {e}") from None
 
 
 def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze: int, seed: int,
                  batch_size: int = 64) -> int:
     """The grounding stage's questions about the pictures of the evaluation mazes ``seeds``: ``per_maze`` questions
     of each task in ``tasks`` (``reading_tasks``; ``env_spec.grounding_example``, which draws the agent's and the
-    goal's cells from a generator seeded by ``seed``, so every checkpoint gets the same questions), scored as
+    goal's cells from one generator seeded by ``seed``, so every checkpoint asked the same tasks gets the same
+    questions), scored as
     rlkit.grounding scores its held-out questions (teacher-forced argmax of every answer token; a wall bit by its own
     token), ``batch_size`` questions a forward. Prints one line and the accuracy table (exact answers per task and
     ``all``, ``wall_bits`` per bit when a task asks wall bits). GRPO never asks these questions, so a policy whose

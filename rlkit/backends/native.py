@@ -200,6 +200,17 @@ class NativeRun:
         problem = route_mix_problem(self.env_spec, self.algo.route_coef, "algorithm.route_coef")
         if problem:
             raise ConfigError(problem)
+        # the grounding questions' curriculum, before any build (the grounding stage and sft.grounding_mix read it)
+        mixes = any(int(stage.get("grounding_mix") or 0) > 0
+                    for stage in (sft_stage_configs(cfg.sft) if self.sft_cfg.enabled else []))
+        if (self.grounding_cfg.enabled and cfg.policy.get("path") is None) or (
+                mixes and hasattr(self.env_spec, "grounding_example")):
+            from rlkit.grounding import curriculum_phases
+
+            try:
+                curriculum_phases(self.env_spec, cfg.grounding.get("curriculum"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
