@@ -161,19 +161,23 @@ def curriculum_phases(env_spec: Any, curriculum: Any) -> list[list[str]]:
     task names; an empty or None curriculum is one phase of every task the env offers (``env_spec.grounding_tasks``).
 
     Raises: ValueError naming the fix when the env offers no grounding questions (no ``grounding_example``), a phase
-    is not a list (``[walls]`` where ``[[walls]]`` was meant), a phase is empty or a task is not the env's."""
+    is not a list (``[walls]`` where ``[[walls]]`` was meant), a phase is empty or a task is not one the env offers."""
     if not hasattr(env_spec, "grounding_example"):
         raise ValueError(f"{type(env_spec).__name__} offers no grounding questions (no grounding_example); "
                          "set grounding.enabled=false")
     offered = list(env_spec.grounding_tasks)
     raw = list(curriculum or [])
-    if any(isinstance(p, str) for p in raw):
-        raise ValueError(f"grounding.curriculum {raw}: a list of phases, each a list of tasks: write "
-                         f"'grounding.curriculum=[[{','.join(str(p) for p in raw)}]]' for one phase")
+    if not all(isinstance(p, Sequence) and not isinstance(p, str) for p in raw):
+        fix = (f"write 'grounding.curriculum=[[{','.join(raw)}]]' for one phase" if all(isinstance(p, str) for p in raw)
+               else "e.g. 'grounding.curriculum=[[walls]]' or '[[cell],[walls]]'")
+        raise ValueError(f"grounding.curriculum {raw}: a list of phases, each a list of tasks: {fix}")
     phases = [list(p) for p in raw] or [offered]
-    unknown = sorted({t for p in phases for t in p} - set(offered))
-    if unknown or any(not p for p in phases):
-        raise ValueError(f"grounding.curriculum {phases}: unknown or empty phase {unknown}; "
+    empty = [k + 1 for k, p in enumerate(phases) if not p]
+    if empty:
+        raise ValueError(f"grounding.curriculum {phases}: phase {empty[0]} is empty; drop it")
+    unknown = sorted({str(t) for p in phases for t in p} - set(offered))
+    if unknown:
+        raise ValueError(f"grounding.curriculum {phases}: unknown task(s) {unknown}; "
                          f"{type(env_spec).__name__} offers {offered}")
     return phases
 
@@ -218,8 +222,8 @@ def train_grounding(
         ``target_accuracy``.
 
     Raises:
-        ValueError: the env offers no grounding questions, or the curriculum names a task it lacks
-            (or has an empty phase).
+        ValueError: from ``curriculum_phases``: the env offers no grounding questions, or the curriculum is
+            malformed (a phase not a list, an empty phase, a task the env lacks).
     """
     phases = curriculum_phases(env_spec, cfg.curriculum)
     all_tasks = list(dict.fromkeys(t for p in phases for t in p))

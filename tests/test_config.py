@@ -256,21 +256,3 @@ def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
     assert "[rlkit] config error: config group 'env'" in proc.stderr and "Traceback" not in proc.stderr
     assert "unexpected keyword argument 'wall_mov'" in proc.stderr, proc.stderr
 
-
-def test_a_malformed_grounding_curriculum_is_refused_before_any_build(tmp_path):
-    """`grounding.curriculum=[walls]` (one flat phase) or a mistyped task: a config error naming the fix, before the
-    grounding stage starts building (no traceback, nothing in the cache, no lock left behind)."""
-    import os
-
-    cache = tmp_path / "cache"
-    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "RLKIT_CACHE_DIR": str(cache)}
-    train = str(CONF.parent / "train.py")
-    for value, expected in (("[walls]", "a list of phases, each a list of tasks: write 'grounding.curriculum=[[walls]]'"),
-                            ("[[wals]]", "unknown or empty phase ['wals']; VisGymMaze offers")):
-        proc = subprocess.run([sys.executable, train, "experiment=smoke", f"grounding.curriculum={value}",
-                               f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120,
-                              cwd=tmp_path, env=env)
-        assert proc.returncode == 1, proc.stderr
-        assert "[rlkit] config error: grounding.curriculum" in proc.stderr and expected in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr and "grounding: building" not in proc.stdout + proc.stderr
-        assert not (cache / "grounding").exists() or not any((cache / "grounding").iterdir())

@@ -156,10 +156,10 @@ def test_reading_asks_the_last_curriculum_phase_or_every_task_and_refuses_what_i
     assert script.reading_tasks(env, [["cell"], ["walls", "moves"]]) == ["walls", "moves"]  # the last phase
     assert script.reading_tasks(env, []) == list(env.grounding_tasks)  # [] = one phase with every task
     assert script.reading_tasks(env, None) == list(env.grounding_tasks)
-    with pytest.raises(ValueError, match=r"--reading: grounding.curriculum \[\['wals'\]\]: unknown or empty phase "
+    with pytest.raises(ValueError, match=r"--reading: grounding.curriculum \[\['wals'\]\]: unknown task\(s\) "
                                          r"\['wals'\]; VisGymMaze offers"):
         script.reading_tasks(env, [["wals"]])
-    with pytest.raises(ValueError, match="unknown or empty phase"):
+    with pytest.raises(ValueError, match="phase 2 is empty; drop it"):
         script.reading_tasks(env, [["walls"], []])
     with pytest.raises(ValueError, match=r"a list of phases, each a list of tasks: write 'grounding.curriculum=\[\[walls\]\]'"):
         script.reading_tasks(env, ["walls"])  # the easy slip: one flat phase

@@ -138,6 +138,10 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
     ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
     ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
+    # grounding.curriculum, read by the grounding stage or by the warm start's grounding questions
+    ("grounding.curriculum=[walls]", "a list of phases, each a list of tasks: write 'grounding.curriculum=[[walls]]'"),
+    ("grounding.enabled=false sft.grounding_mix=2 grounding.curriculum=[[wals]]",
+     "unknown task(s) ['wals']; VisGymMaze offers ['cell', 'agent', 'goal', 'moves', 'walls'] (read by sft.grounding_mix"),
 ])
 def test_bad_config_is_refused_in_setup_before_any_build(override, message, tmp_path):
     from rlkit.backends.native import NativeRun
@@ -148,6 +152,23 @@ def test_bad_config_is_refused_in_setup_before_any_build(override, message, tmp_
         NativeRun(_cfg(tmp_path, *override.split())).setup()
     assert message in str(refused.value)
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
+
+
+def test_a_curriculum_no_build_reads_is_not_refused(tmp_path):
+    """grounding.curriculum is checked where a build reads it: not for a job whose warm start starts from another
+    job's (its own grounding stage is skipped) and that mixes no grounding questions, nor with grounding off."""
+    from rlkit.backends.native import NativeRun
+    from rlkit.run import instantiate_plugin
+    from tests.core.test_sft_start_from_env import _cfg
+
+    def problem(*overrides):
+        run = NativeRun(_cfg(tmp_path, "grounding.curriculum=[[wals]]", *overrides))
+        run.env_spec = instantiate_plugin(run.cfg.env, "env")  # as setup sets it
+        return run._grounding_curriculum_problem()
+
+    assert problem("sft.start_from_env=visgym_small", "sft.grounding_mix=0") is None
+    assert problem("grounding.enabled=false", "sft.grounding_mix=0") is None
+    assert "unknown task(s) ['wals']" in problem()  # the smoke's own grounding stage reads it
 
 
 #: Range and later-stage problems: all found by one check (rlkit.config.check_ranges) and reported together, so one

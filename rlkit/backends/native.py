@@ -200,17 +200,9 @@ class NativeRun:
         problem = route_mix_problem(self.env_spec, self.algo.route_coef, "algorithm.route_coef")
         if problem:
             raise ConfigError(problem)
-        # the grounding questions' curriculum, before any build (the grounding stage and sft.grounding_mix read it)
-        mixes = any(int(stage.get("grounding_mix") or 0) > 0
-                    for stage in (sft_stage_configs(cfg.sft) if self.sft_cfg.enabled else []))
-        if (self.grounding_cfg.enabled and cfg.policy.get("path") is None) or (
-                mixes and hasattr(self.env_spec, "grounding_example")):
-            from rlkit.grounding import curriculum_phases
-
-            try:
-                curriculum_phases(self.env_spec, cfg.grounding.get("curriculum"))
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        problem = self._grounding_curriculum_problem()
+        if problem:
+            raise ConfigError(problem)
         from rlkit.policy import SamplingParams, load_policy, make_engine
 
         # sampling settings are checked here, before the warm start
@@ -536,6 +528,29 @@ class NativeRun:
             policy["image_max_pixels"] = tiny.get("image_max_pixels")
         return policy
 
+    def _grounding_curriculum_problem(self) -> str | None:
+        """What is wrong with ``grounding.curriculum`` (rlkit.grounding.curriculum_phases), checked before any build,
+        where a build will read it: this job's grounding stage (on, no ``policy.path``, no ``sft.start_from_*``, which
+        skips it) or a warm-start stage's grounding questions (``sft.grounding_mix`` > 0 on an env that has them;
+        train_sft refuses a mix on one that has not). None when it is fine or unread."""
+        cfg = self.cfg
+        from rlkit.sft import sft_stage_configs
+
+        stages = sft_stage_configs(cfg.sft) if self.sft_cfg.enabled else []
+        grounds = (self.grounding_cfg.enabled and cfg.policy.get("path") is None
+                   and not (self.sft_cfg.enabled and self._start_from()))
+        mixes = hasattr(self.env_spec, "grounding_example") and any(int(st.get("grounding_mix") or 0) > 0
+                                                                    for st in stages)
+        if not (grounds or mixes):
+            return None
+        from rlkit.grounding import curriculum_phases
+
+        try:
+            curriculum_phases(self.env_spec, cfg.grounding.get("curriculum"))
+        except ValueError as e:
+            return str(e) if grounds else f"{e} (read by sft.grounding_mix: fix it, or set sft.grounding_mix=0)"
+        return None
+
     def _start_from(self) -> str | None:
         """The override naming the job whose warm start this one starts from (``env=<name>`` for
         ``sft.start_from_env``, ``experiment=<name>`` for ``sft.start_from_experiment``), or None."""
@@ -611,6 +626,9 @@ class NativeRun:
         self.progress.say(f"SFT warm start: first the warm start of {source} (sft.start_from_{group})")
         try:
             run._validate()
+            problem = run._grounding_curriculum_problem()  # its own builds read its curriculum
+            if problem:
+                raise ConfigError(problem)
             # its own answers must fit its rollouts too: refused before its chain's builds, not after them
             run._check_answer_fits(run._tokenizer_before_builds())
             return run._warm_start(load_policy, make_engine, SamplingParams)
@@ -656,8 +674,12 @@ class NativeRun:
             engine = make_engine(base, reuse_kv=self.rollout_cfg.reuse_kv_cache)
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
-            phases = [list(p) for p in cfg.grounding.get("curriculum") or []]
-            tasks = phases[-1] if phases else list(getattr(self.env_spec, "grounding_tasks", ()))
+            if sft_cfg.grounding_mix > 0 and hasattr(self.env_spec, "grounding_example"):
+                from rlkit.grounding import curriculum_phases
+
+                tasks = curriculum_phases(self.env_spec, cfg.grounding.get("curriculum"))[-1]
+            else:  # no questions mixed in (train_sft refuses a mix on an env without them, naming the fix)
+                tasks = list(getattr(self.env_spec, "grounding_tasks", ()))
             summary = train_sft(self.env_spec, base, engine, sft_cfg, greedy, out_dir,
                                 progress=self.progress.sft, grounding_tasks=tasks, build=build,
                                 on_resume=lambda step: self.progress.say(

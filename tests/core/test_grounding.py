@@ -178,3 +178,24 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
                                                               "eval_every": steps}), blind=True)
     assert blind["steps"] == steps and blind["final"]["wall_bits"] <= 0.82, blind["history"]
     assert image["final"]["wall_bits"] - blind["final"]["wall_bits"] >= 0.15
+
+
+def test_curriculum_phases_reads_the_config_or_names_the_fix():
+    from omegaconf import OmegaConf
+
+    from rlkit.grounding import curriculum_phases
+
+    env = VisGymMaze(variant="small")
+    c = OmegaConf.create({"ok": [["walls"], ["cell", "walls"]], "flat": ["walls"], "mixed": ["walls", ["cell"]],
+                          "none_phase": [["walls"], None], "empty": [["walls"], []], "typo": [["wals"]]})
+    assert curriculum_phases(env, c.ok) == [["walls"], ["cell", "walls"]]
+    assert curriculum_phases(env, []) == curriculum_phases(env, None) == [list(env.grounding_tasks)]
+    with pytest.raises(ValueError, match=r"a list of phases, each a list of tasks: write 'grounding.curriculum=\[\[walls\]\]'"):
+        curriculum_phases(env, c.flat)
+    for bad in (c.mixed, c.none_phase):  # not a flat slip: an example, not a rewrite of what was typed
+        with pytest.raises(ValueError, match=r"each a list of tasks: e.g. 'grounding.curriculum=\[\[walls\]\]'"):
+            curriculum_phases(env, bad)
+    with pytest.raises(ValueError, match="phase 2 is empty; drop it"):
+        curriculum_phases(env, c.empty)
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['wals'\]; VisGymMaze offers \['cell'"):
+        curriculum_phases(env, c.typo)
