@@ -341,3 +341,23 @@ def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
     skipped = [ln for ln in steps if ln.get("policy/skipped") == 1.0]
     assert skipped and skipped[0]["step"] == 1, [ln.get("policy/skipped") for ln in steps]
     assert "lr_scheduler.step()" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_warm_start_keys_the_grounding_tasks_it_mixes_in(tmp_path):
+    """Without a grounded base (grounding off, a start_from chain, a later stage) a stage's key did not hold the
+    questions sft.grounding_mix draws (grounding.curriculum's last phase): [[cell]] reused a walls-mixed build. The
+    tasks join the key unless they are [walls], the tasks of every earlier build (whose keys stay)."""
+    from rlkit.backends.native import NativeRun
+    from rlkit.run import instantiate_plugin
+    from tests.core.test_sft_start_from_env import _cfg
+
+    def key(*overrides):
+        run = NativeRun(_cfg(tmp_path, *overrides))
+        run.env_spec = instantiate_plugin(run.cfg.env, "env")
+        return run._with_mixed_tasks({"lr": 1e-3, "grounding_mix": run.sft_cfg.grounding_mix})
+
+    walls = key("sft.grounding_mix=2", "grounding.curriculum=[[walls]]")
+    assert walls == {"lr": 1e-3, "grounding_mix": 2}  # as before the key existed
+    assert key("sft.grounding_mix=2", "grounding.curriculum=[[cell],[cell,walls]]") == {
+        "lr": 1e-3, "grounding_mix": 2, "grounding_mix_tasks": ["cell", "walls"]}
+    assert key("sft.grounding_mix=0", "grounding.curriculum=[[cell]]") == {"lr": 1e-3, "grounding_mix": 0}

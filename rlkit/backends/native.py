@@ -493,14 +493,14 @@ class NativeRun:
                 self.progress.say(f"grounding: not run on this env; the warm start starts from the warm start of "
                                   f"{source} (sft.start_from_{source.split('=')[0]})")
             policy = self._chained_policy(start)
-            inputs = cache_key_inputs(sft_key, cfg.env, policy, decoding, prompt)
+            inputs = cache_key_inputs(self._with_mixed_tasks(sft_key), cfg.env, policy, decoding, prompt)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), start, self.sft_cfg,
                                       make_engine, SamplingParams, label=label, policy_cfg=policy,
                                       build={"stage": f"sft{label}", "start": start, "inputs": inputs})
         else:
             grounded = self._grounded_base()
             # A warm start from a grounded base also depends on how that base was grounded.
-            stage_key = sft_key if grounded is None else {
+            stage_key = self._with_mixed_tasks(sft_key) if grounded is None else {
                 "sft": sft_key, "grounding": OmegaConf.to_container(cfg.grounding, resolve=True)}
             inputs = cache_key_inputs(stage_key, cfg.env, cfg.policy, decoding, prompt)
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), grounded, self.sft_cfg,
@@ -509,12 +509,25 @@ class NativeRun:
         for i, stage in enumerate(stages[1:], start=2):
             # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
             policy = self._chained_policy(out_dir)
-            inputs = cache_key_inputs(sft_stage_config(stage), cfg.env, policy, decoding, prompt)
+            stage_key = self._with_mixed_tasks(sft_stage_config(stage))
+            inputs = cache_key_inputs(stage_key, cfg.env, policy, decoding, prompt)
             label = f" stage {i}/{len(stages)} (sft.stages[{i - 2}])"
             out_dir = self._sft_stage(Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), str(out_dir),
                                       SFTConfig(**stage), make_engine, SamplingParams, label=label, policy_cfg=policy,
                                       build={"stage": f"sft{label}", "start": str(out_dir), "inputs": inputs})
         return str(out_dir)
+
+    def _with_mixed_tasks(self, key: dict[str, Any]) -> dict[str, Any]:
+        """A warm-start stage's cache key (``sft_stage_config``) plus the grounding tasks it mixes in
+        (``grounding.curriculum``'s last phase) when it mixes some (``grounding_mix`` > 0) and they are not
+        ``["walls"]``, the tasks of every build before this key existed (their keys stay). A stage on a grounded base
+        needs none: the grounding config is in its key."""
+        if int(key.get("grounding_mix") or 0) <= 0 or not hasattr(self.env_spec, "grounding_example"):
+            return key
+        from rlkit.grounding import curriculum_phases
+
+        tasks = curriculum_phases(self.env_spec, self.cfg.grounding.get("curriculum"))[-1]
+        return key if tasks == ["walls"] else {**key, "grounding_mix_tasks": tasks}
 
     def _chained_policy(self, path: str | Path) -> dict[str, Any]:
         """The policy config of a job that starts from the checkpoint at ``path`` (``policy.path=<path>
