@@ -13,26 +13,26 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return text if "default" in text else super()._get_help_string(action)
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type`` for a count that must be >= 1 (``--num-tasks``, ``--batch-size``): a clear error otherwise."""
+def _whole_number_at_least(text: str, minimum: int) -> int:
+    """``int(text)`` when it is a whole number >= ``minimum``. Raises argparse.ArgumentTypeError saying which not."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: use a number >= 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value}: use a number >= {minimum}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count that must be >= 1 (``--num-tasks``, ``--batch-size``, ``--threads``): a clear
+    error otherwise."""
+    return _whole_number_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse ``type`` for a whole number >= 0 (a seed, ``--reading-seed``): a clear error otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: use a number >= 0")
-    return value
+    return _whole_number_at_least(text, 0)
 
 
 def first_eval_seeds(seeds: list[int], num_tasks: int | None, eval_set: str) -> list[int]:

@@ -209,3 +209,13 @@ def test_overrides_may_follow_the_flags():
                                                         "env.max_turns=18"])
     assert args.adapter == "run" and args.overrides == ["grounding.curriculum=[[walls]]", "env.max_turns=18"]
     assert args.reading and args.twins
+
+
+def test_negative_numbers_are_refused_by_the_parser(capsys):
+    """--reading-seed takes 0 and up, --threads 1 and up: argparse's message, not a traceback after the evaluation."""
+    parser = load_eval_script().build_parser()
+    assert parser.parse_args(["run", "--reading-seed", "0"]).reading_seed == 0
+    for flag, value, message in (("--reading-seed", "-1", "-1: use a number >= 0"), ("--threads", "0", "0: use a number >= 1")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", flag, value])
+        assert message in capsys.readouterr().err
