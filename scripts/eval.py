@@ -190,9 +190,8 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
     """The grounding stage's questions about the pictures of the evaluation mazes ``seeds``: ``per_maze`` questions
     of each task in ``tasks`` (``reading_tasks``; ``env_spec.grounding_example``, which draws the agent's and the
     goal's cells from one generator seeded by ``seed``, so every checkpoint asked the same tasks gets the same
-    questions), scored as
-    rlkit.grounding scores its held-out questions (teacher-forced argmax of every answer token; a wall bit by its own
-    token), ``batch_size`` questions a forward. Prints one line and the accuracy table (exact answers per task and
+    questions), scored as rlkit.grounding scores its held-out questions (teacher-forced argmax of every answer token;
+    a wall bit by its own token), ``batch_size`` questions a forward. Prints one line and the accuracy table (exact answers per task and
     ``all``, ``wall_bits`` per bit when a task asks wall bits). GRPO never asks these questions, so a policy whose
     success rises can read worse. The pictures are the real ones, also for a control=fixed_image run (a question
     about one maze on another maze's picture has no right answer).

@@ -524,10 +524,15 @@ class NativeRun:
         needs none: the grounding config is in its key."""
         if int(key.get("grounding_mix") or 0) <= 0 or not hasattr(self.env_spec, "grounding_example"):
             return key
+        tasks = self._mixed_grounding_tasks()
+        return key if tasks == ["walls"] else {**key, "grounding_mix_tasks": tasks}
+
+    def _mixed_grounding_tasks(self) -> list[str]:
+        """The grounding tasks ``sft.grounding_mix`` draws its questions from: ``grounding.curriculum``'s last phase
+        (rlkit.grounding.curriculum_phases; every task the env offers when it is empty). Raises its ValueError."""
         from rlkit.grounding import curriculum_phases
 
-        tasks = curriculum_phases(self.env_spec, self.cfg.grounding.get("curriculum"))[-1]
-        return key if tasks == ["walls"] else {**key, "grounding_mix_tasks": tasks}
+        return curriculum_phases(self.env_spec, self.cfg.grounding.get("curriculum"))[-1]
 
     def _chained_policy(self, path: str | Path) -> dict[str, Any]:
         """The policy config of a job that starts from the checkpoint at ``path`` (``policy.path=<path>
@@ -688,9 +693,7 @@ class NativeRun:
             greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                     max_new_tokens=self.rollout_cfg.max_new_tokens, n=1, seed=0, stop=self.stop)
             if sft_cfg.grounding_mix > 0 and hasattr(self.env_spec, "grounding_example"):
-                from rlkit.grounding import curriculum_phases
-
-                tasks = curriculum_phases(self.env_spec, cfg.grounding.get("curriculum"))[-1]
+                tasks = self._mixed_grounding_tasks()
             else:  # no questions mixed in (train_sft refuses a mix on an env without them, naming the fix)
                 tasks = list(getattr(self.env_spec, "grounding_tasks", ()))
             summary = train_sft(self.env_spec, base, engine, sft_cfg, greedy, out_dir,
