@@ -217,10 +217,11 @@ def test_every_bad_value_is_named_in_one_refusal(overrides, messages, count, tmp
 
 
 def test_answers_longer_than_max_new_tokens_are_refused_before_the_warm_start(tmp_path):
-    """plan_cells writes a cell after every move: the longest evaluation answer in the smoke's 4 mazes is far
-    over the smoke's rollout.max_new_tokens=24, so every such task would be cut and count as failed."""
+    """plan_walls writes the 12 wall bits of a 7x7 maze before its route: the longest evaluation answer in the
+    smoke's 4 mazes is far over the smoke's rollout.max_new_tokens=24, so every such task would be cut and count
+    as failed."""
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "env.parser=plan_cells",
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "experiment=smoke", "env.parser=plan_walls",
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1

@@ -18,10 +18,8 @@ envs/visgym/README.md.
 from envs.visgym.episode import MazeEpisode, system_prompt
 from envs.visgym.gym_env import GYM_IDS, STOP, MazeEnv, register_gymnasium
 from envs.visgym.maze import (
-    LOOP_TASKS,
     MOVE_DELTAS,
     MOVE_NAMES,
-    ROOM_TASKS,
     VARIANT_SIZES,
     dihedral_keys,
     distance_map,
@@ -34,7 +32,7 @@ from envs.visgym.maze import (
 )
 from envs.visgym.parsers import PARSER_NAMES, ParsedAction, make_parser
 from envs.visgym.render import render_array, render_image
-from envs.visgym.spec import EVAL_SETS, EvalSet, VisGymMaze, train_seed_stream
+from envs.visgym.spec import EVAL_SETS, EvalSet, VisGymMaze
 
 SKYRL_ENV_ID = "rlkit-visgym-maze"
 
@@ -54,11 +52,9 @@ register_gymnasium()
 __all__ = [
     "EVAL_SETS",
     "GYM_IDS",
-    "LOOP_TASKS",
     "MOVE_DELTAS",
     "MOVE_NAMES",
     "PARSER_NAMES",
-    "ROOM_TASKS",
     "SKYRL_ENV_ID",
     "STOP",
     "VARIANT_SIZES",
@@ -81,5 +77,4 @@ __all__ = [
     "solve",
     "solve_moves",
     "system_prompt",
-    "train_seed_stream",
 ]

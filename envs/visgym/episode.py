@@ -13,9 +13,7 @@ Per-turn ``StepOutput.info`` (JSON-serialisable, plain ints/lists): ``parse_ok``
 ``agent``, ``goal``, ``distance`` (L1), ``bfs_distance`` (remaining shortest path, moves),
 ``start_bfs_distance``, ``feedback``, ``action`` (what was executed: "move right" / "stop" in
 interactive mode, the executed route words in plan mode, None if unparsable), ``turn`` (1-based
-policy turn) and, in plan mode, ``plan_length`` and ``actions_executed``; a plan that ended at a wall
-(``wall_move="fail"``) read from an ``<answer>`` block also has ``unexecuted_from``, the character offset
-in the output right after the move that bumped: the text from there on was never acted on.
+policy turn), ``hit_wall`` and, in plan mode, ``plan_length`` and ``actions_executed``.
 An unparsable output is a no-op with reward 0, ``parse_ok`` False and a feedback saying why.
 """
 
@@ -27,7 +25,7 @@ import gymnasium as gym
 from PIL import Image
 
 from envs.visgym.gym_env import STOP
-from envs.visgym.maze import MOVE_NAMES, VARIANT_SIZES, generate_maze, path_to_moves, render_text, solve, solve_moves
+from envs.visgym.maze import MOVE_NAMES, VARIANT_SIZES, generate_maze, render_text, solve_moves
 from envs.visgym.parsers import describe_action, make_parser
 from rlkit.types import Observation, StepOutput
 
@@ -43,7 +41,7 @@ WALL_MOVES = ("stay", "fail")
 #: Parsers allowed per mode.
 MODE_PARSERS: dict[str, tuple[str, ...]] = {
     "interactive": ("tuple", "tuple_answer", "tuple_lenient", "keyword"),
-    "plan": ("plan", "plan_cells", "plan_walls", "plan_map"),
+    "plan": ("plan", "plan_walls"),
 }
 
 _TASK = "You are the blue dot in the maze. Reach the red square; gray cells are walls."
@@ -58,15 +56,9 @@ _FORMAT = {
     "or stop on the red square.",
     "plan": "Reply with the whole route, e.g. <answer>right right down stop</answer>, "
     "using right, up, left, down, then stop on the red square.",
-    "plan_cells": "Reply with the whole route and your cell as row,column before it and after each move, "
-    "e.g. <answer>1,1 right 1,2 down 2,2 stop</answer>, using right, up, left, down, then stop on the red square.",
     "plan_walls": "First write each wall between rooms in reading order, its letter then # closed or . open, "
     "then the whole route, e.g. a#b.c#<answer>right right down stop</answer>, using right, up, left, down, "
     "then stop on the red square.",
-    "plan_map": "First write each wall between rooms in reading order, its letter then # closed or . open, "
-    "then your cell and the red square's as row,column, then the whole route, e.g. "
-    "a#b.c# 1,1 to 3,3<answer>right right down down stop</answer>, using right, up, left, down, then stop on the red "
-    "square.",
 }
 
 
@@ -88,16 +80,11 @@ def solution_actions(variant: str, seed: int) -> list[int]:
 def demonstration_texts(variant: str, mode: str, parser: str, seed: int) -> list[str]:
     """Solver demonstration of task ``seed`` as assistant texts (see ``MazeEpisode.demonstration``)."""
     fmt = make_parser(parser)
-    if parser == "plan_cells":
-        maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
-        cells = solve(maze_map, start, goal)
-        return [fmt.format(path_to_moves(cells) + [STOP], cells=cells)]
-    if parser in ("plan_walls", "plan_map"):
+    if parser == "plan_walls":
         from envs.visgym.grounding import walls_answer
 
         maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
-        notes = dict(start=start, goal=goal) if parser == "plan_map" else {}
-        return [fmt.format(solve_moves(maze_map, start, goal) + [STOP], walls=walls_answer(maze_map)[0], **notes)]
+        return [fmt.format(solve_moves(maze_map, start, goal) + [STOP], walls=walls_answer(maze_map)[0])]
     actions = solution_actions(variant, seed)
     if mode == "plan":
         return [fmt.format(actions)]
@@ -283,8 +270,5 @@ class MazeEpisode:
         words = " ".join("stop" if a == STOP else MOVE_NAMES[a] for a in parsed.actions[:executed])
         info = self._turn_info(True, feedback, words)
         info.update(plan_length=len(parsed.actions), actions_executed=executed)
-        if self._hit_wall and len(parsed.ends) >= executed:
-            # the plan ended at its bump: what the output says after that move was never acted on
-            info["unexecuted_from"] = int(parsed.ends[executed - 1])
         return StepOutput(observation=None, reward=total, done=True, info=info)
 

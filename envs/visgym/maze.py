@@ -13,18 +13,6 @@ Wilson's algorithm (loop-erased random walks, a uniform spanning tree) on the ce
 grid whose row and column are both even, followed by a draw of one of four corner-to-corner
 (start, goal) pairs.
 
-Task seeds from ``ROOM_TASKS`` (2**31) up are rlkit's room-endpoint tasks, which upstream does not have
-(its task seeds are drawn below 2**31): seed ``ROOM_TASKS + s`` is the walls of seed ``s`` with the start
-and the goal on two distinct rooms (the odd-odd cells) drawn at random, instead of two opposite corners.
-Training may draw them (``VisGymMaze(train_room_endpoints=...)``) so that the policy cannot answer from
-which corner it starts; evaluation sets stay corner-to-corner.
-
-Task seeds from ``LOOP_TASKS`` (2**32) up are rlkit's loop tasks: seed ``LOOP_TASKS + s`` is the maze of seed
-``s`` (its walls and corners) with one more passage opened, a closed wall bit between two rooms drawn at
-random, so the maze has one loop and its shortest route may take the new passage. They are 7x7's way to
-layouts beyond its 768 trees (``VisGymMaze(train_open_passage=...)``): the route of a loop task changes
-with a single passage, which a policy cannot answer from the tree layouts it has fitted.
-
 Two direction numberings exist upstream and both are kept here:
 - generator directions (internal): 0 right, 1 down, 2 left, 3 up;
 - action directions (what the policy emits, ``MOVE_DELTAS``): 0 right, 1 up, 2 left, 3 down.
@@ -45,12 +33,6 @@ MOVE_DELTAS: tuple[tuple[int, int], ...] = ((0, 1), (-1, 0), (0, -1), (1, 0))
 
 #: Action direction -> word, as used by the keyword and plan formats.
 MOVE_NAMES: tuple[str, ...] = ("right", "up", "left", "down")
-
-#: First task seed of the room-endpoint tasks (see module doc): ``ROOM_TASKS + s`` has the walls of seed ``s``.
-ROOM_TASKS = 2**31
-
-#: First task seed of the loop tasks (see module doc): ``LOOP_TASKS + s`` is the maze of seed ``s`` with one more passage.
-LOOP_TASKS = 2**32
 
 # Generator direction -> (d_row, d_col). Upstream generator numbering: 0 right, 1 down, 2 left, 3 up.
 _GEN_DELTAS: tuple[tuple[int, int], ...] = ((0, 1), (1, 0), (0, -1), (-1, 0))
@@ -117,25 +99,12 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
     ``random.Random(int(rng.integers(2**32)))`` that drives Wilson's algorithm on the inner
     (size-2)x(size-2) grid; then ``rng.integers(0, 4)`` picks the (start, goal) corner pair:
     top-left->bottom-right, bottom-right->top-left, bottom-left->top-right, top-right->bottom-left.
-    rlkit's room-endpoint tasks (``ROOM_TASKS <= seed < LOOP_TASKS``) build the walls of ``seed - ROOM_TASKS``
-    this way, then the same ``rng`` draws two distinct rooms (cells with odd row and odd column) as start and
-    goal. Its loop tasks (``seed >= LOOP_TASKS``) build the maze of ``seed - LOOP_TASKS`` (a corner task),
-    then open one of its closed wall bits (interior cells with row + col odd), drawn by a generator seeded
-    with ``seed``.
     """
-    if seed >= LOOP_TASKS:
-        maze_map, start, goal = generate_maze(seed - LOOP_TASKS, size)
-        closed = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)
-                  if (r + c) % 2 == 1 and maze_map[r, c] == 1]
-        r, c = closed[int(np.random.default_rng(seed).integers(len(closed)))]
-        maze_map[r, c] = 0
-        return maze_map, start, goal
     if size not in VARIANT_SIZES.values():
         raise ValueError(
             f"maze size must be 7 (small), 9 (maze_2d/easy) or 11 (maze_2d/hard), got {size!r}"
         )
-    rooms = ROOM_TASKS <= seed < LOOP_TASKS
-    rng = np.random.default_rng(seed - ROOM_TASKS if rooms else seed)
+    rng = np.random.default_rng(seed)
     py = random.Random(int(rng.integers(2**32)))
     inner = size - 2
     carved = _wilson_carve(inner, inner, py)
@@ -153,10 +122,6 @@ def generate_maze(seed: int, size: int) -> tuple[np.ndarray, Pos, Pos]:
         (top_right, bottom_left),
     )
     start, goal = pairs[int(rng.integers(0, 4))]
-    if rooms:
-        cells = [(r, c) for r in range(1, size - 1, 2) for c in range(1, size - 1, 2)]
-        i, j = rng.choice(len(cells), size=2, replace=False)
-        start, goal = cells[int(i)], cells[int(j)]
     return maze_map, start, goal
 
 
@@ -257,8 +222,8 @@ def solve(maze_map: np.ndarray, start: Pos, goal: Pos) -> list[Pos]:
     """Shortest path from ``start`` to ``goal`` by breadth-first search.
 
     Returns the list of ``(row, col)`` cells from ``start`` to ``goal`` inclusive, so its length
-    is the number of moves + 1 (mazes from ``generate_maze`` are perfect, so the path is unique; a loop
-    task's may tie, and the first in action order wins).
+    is the number of moves + 1 (mazes from ``generate_maze`` are perfect, so the path is unique; in a
+    map with loops shortest paths may tie, and the first in action order wins).
     Neighbours are expanded in action order (right, up, left, down).
 
     Raises:

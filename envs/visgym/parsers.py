@@ -18,9 +18,6 @@ Chosen by name in the env config (``parser:``):
   (without one: the last non-empty line). Words are right, up, left, down, stop, separated by
   spaces, commas or any other non-letter characters; everything from the first ``stop`` on ends
   the plan (later text is ignored). A plan without stop is valid but never succeeds.
-- ``plan_cells`` (plan mode, our format): the ``plan`` route with the agent's cell written as
-  ``row,column`` before it and after every move, e.g. ``<answer>1,1 right 1,2 down 2,2 stop</answer>``.
-  The cells are the policy's notes; only the moves are executed (see ``PlanCellsParser``).
 - ``plan_walls`` (plan mode, our format): the ``plan`` route after a transcription of the maze's
   walls, e.g. ``a#b.c#d.<answer>right right down stop</answer>`` (see ``PlanWallsParser``).
 
@@ -69,14 +66,10 @@ class ParsedAction:
     actions: ``Discrete(5)`` indices in order (0..3 move in action directions 0 right, 1 up,
         2 left, 3 down; 4 stop). One element for the per-turn parsers, the whole route for ``plan``.
     text: the fragment of the output that was read.
-    ends: see below; what an env needs to say which part of the output it acted on.
     """
 
     actions: tuple[int, ...]
     text: str
-    #: for each action, the character offset in the parsed output right after the word that gave it
-    #: (``plan`` and ``plan_cells`` with an ``<answer>`` block; () where not known).
-    ends: tuple[int, ...] = ()
 
 
 def _echo(fragment: str) -> str:
@@ -89,9 +82,8 @@ def describe_action(action: int) -> str:
     return "stop" if action == STOP else f"move {MOVE_NAMES[action]}"
 
 
-def _last_answer_span(text: str) -> tuple[int, int] | None:
-    """(start, end) offsets of the content of the last ``<answer>...</answer>`` block
-    (case-insensitive), in linear time; None without one."""
+def _last_answer_block(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>`` block (case-insensitive), in linear time; None without one."""
     lower = text.translate(_ASCII_LOWER)  # keeps indices (str.lower() may change the length)
     end = lower.rfind("</answer>")
     if end < 0:
@@ -99,13 +91,7 @@ def _last_answer_span(text: str) -> tuple[int, int] | None:
     start = lower.rfind("<answer>", 0, end)
     if start < 0:
         return None
-    return start + len("<answer>"), end
-
-
-def _last_answer_block(text: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` block (case-insensitive), in linear time."""
-    span = _last_answer_span(text)
-    return None if span is None else text[span[0] : span[1]]
+    return text[start + len("<answer>") : end]
 
 
 class _Parser(ABC):
@@ -124,10 +110,7 @@ class _Parser(ABC):
             return None, f"expected text, got {type(text).__name__}"
         try:
             cut = max(len(text) - MAX_CHARS, 0) if self.truncate else 0
-            parsed, reason = self._parse(text[cut:])
-            if parsed is not None and cut and parsed.ends:  # offsets into the whole output
-                parsed = ParsedAction(parsed.actions, parsed.text, tuple(e + cut for e in parsed.ends))
-            return parsed, reason
+            return self._parse(text[cut:])
         except Exception as e:  # a parser bug must not kill a rollout; report it as a parse failure
             return None, f"parser error ({type(e).__name__})"
 
@@ -400,28 +383,23 @@ class PlanParser(_Parser):
     name = "plan"
 
     def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
-        span = _last_answer_span(text)
-        if span is None:  # the last line (its offsets are not kept: backticks are dropped first)
+        block = _last_answer_block(text)
+        if block is None:  # the last non-empty line, backticks dropped
             lines = [ln for ln in text.replace("`", "").splitlines() if ln.strip()]
             if not lines:
                 return None, "empty output; expected e.g. <answer>right down stop</answer>"
-            block, offset = lines[-1], None
-        else:
-            block, offset = text[span[0] : span[1]], span[0]
+            block = lines[-1]
         actions: list[int] = []
-        ends: list[int] = []
         for m in _TOKEN_RE.finditer(block):
             word = m.group().lower()
             if word not in _WORDS:
                 return None, f"unknown word {m.group()[:20]!r} in plan; use right, up, left, down, stop"
             actions.append(_WORDS[word])
-            ends.append(m.end())
             if word == "stop":
                 break
         if not actions:
             return None, "empty plan; expected e.g. <answer>right down stop</answer>"
-        kept = () if offset is None else tuple(offset + e for e in ends)
-        return ParsedAction(tuple(actions), block.strip()[:200], kept), ""
+        return ParsedAction(tuple(actions), block.strip()[:200]), ""
 
     def format(self, actions: Sequence[int]) -> str:
         """A route as ``<answer>right down stop</answer>``. Raises ValueError on an action not in 0..4."""
@@ -429,69 +407,6 @@ class PlanParser(_Parser):
             raise ValueError(f"plan takes actions in 0..4, got {list(actions)}")
         words = ["stop" if a == STOP else MOVE_NAMES[a] for a in actions]
         return f"<answer>{' '.join(words)}</answer>"
-
-
-class PlanCellsParser(PlanParser):
-    """Plan format with the cells written out: ``<answer>1,1 down 2,1 right 2,2 stop</answer>``.
-
-    The route as ``plan`` words, with the agent's cell as ``row,column`` (full-grid coordinates from 0
-    at the top-left, border included, as ``generate_maze``'s ``maze_map[row, col]``) before the first
-    word and after every move. The cells are the policy's own notes, a scratchpad: the moves alone are
-    executed, and a cell that does not match where the moves lead is not an error. Writing them makes
-    "which move is open here" a question about the written cell's neighbours in the picture instead
-    of about a position tracked through the words so far, and shows where a route goes wrong. Each
-    cell costs 3 tokens of the tiny tokenizer (`` 2`` ``,`` ``1``), so a 9-step plan is ~40 tokens
-    instead of ~15. Measured on 7x7 (docs/experiments.md, session 15): the tiny policy writes its
-    cells right and fails at the choices at rooms; its warm start builds in half the steps, and GRPO
-    ends where ``plan`` does at about twice the step time.
-
-    Parsing is ``plan``'s (the last ``<answer>`` block, else the last non-empty line; everything from
-    the first ``stop`` on ends the plan) after each ``r,c`` pair (digits, optional spaces and
-    parentheses) is dropped; any other number is an unknown word, so the output does not parse.
-    """
-
-    name = "plan_cells"
-
-    def _parse(self, text: str) -> tuple[ParsedAction | None, str]:
-        # each cell becomes as many spaces, so the offsets of the words stay those of the output
-        parsed, reason = super()._parse(_CELL_RE.sub(lambda m: " " * len(m.group()), text))
-        if parsed is None:
-            return None, reason
-        block = _last_answer_block(text)
-        if block is None:
-            block = [ln for ln in text.replace("`", "").splitlines() if ln.strip()][-1]
-        return ParsedAction(parsed.actions, block.strip()[:200], parsed.ends), ""
-
-    def format(self, actions: Sequence[int], cells: Sequence[Sequence[int]] | None = None) -> str:
-        """A route with its cells: ``<answer>1,1 down 2,1 stop</answer>``.
-
-        Args:
-            actions: ``Discrete(5)`` indices, moves then stop.
-            cells: the agent's cell before the first action and after each move: ``len(cells)`` is
-                the number of moves + 1.
-
-        Raises:
-            ValueError: an action not in 0..4, cells missing, or not one more than the moves.
-        """
-        if not actions or any(a not in _WORDS.values() for a in actions):
-            raise ValueError(f"plan takes actions in 0..4, got {list(actions)}")
-        moves = [a for a in actions if a != STOP]
-        if cells is None or len(cells) != len(moves) + 1:
-            raise ValueError(
-                f"plan_cells needs the start cell and the cell after each move ({len(moves) + 1}), "
-                f"got {None if cells is None else len(cells)}"
-            )
-        words, k = [f"{cells[0][0]},{cells[0][1]}"], 1
-        for a in actions:
-            if a == STOP:
-                words.append("stop")
-                break
-            words += [MOVE_NAMES[a], f"{cells[k][0]},{cells[k][1]}"]
-            k += 1
-        return f"<answer>{' '.join(words)}</answer>"
-
-
-_CELL_RE = re.compile(r"\(?\s*\d{1,2}\s*,\s*\d{1,2}\s*\)?")
 
 
 class PlanWallsParser(PlanParser):
@@ -526,45 +441,8 @@ class PlanWallsParser(PlanParser):
         return f"{walls}{super().format(actions)}"
 
 
-class PlanMapParser(PlanWallsParser):
-    """Plan format after a map of the maze written as text: ``a#b.c#d. 1,1 to 5,5<answer>right stop</answer>``.
-
-    ``plan_walls`` plus the agent's and the goal's cells (``row,column``, row 0 at the top) after the walls: the
-    notes then hold everything the route depends on, so the route is a function of text the policy wrote itself.
-    That function can be taught on text alone, on mazes no picture shows (``sft.route_mix``: any wall pattern,
-    any two rooms), which is where ``plan_walls`` fell short: its policy transcribed every evaluation maze
-    exactly and still wrote the route of a trained-on neighbour on 25% of them (session 16). On text alone the
-    tiny language model routes 89% of the 64 evaluation mazes from the 7x7 trees' corner tasks, and 97% from those
-    plus random wall patterns and rooms (scripts/probe_text_routes.py, session 28). The notes cost about 9 tokens
-    more than ``plan_walls``'s (the longest 7x7 evaluation answer: 56 tokens).
-
-    Parsing is ``plan``'s (the last ``<answer>`` block); the notes are not executed, scored or checked.
-    """
-
-    name = "plan_map"
-
-    def format(self, actions: Sequence[int], walls: str | None = None,
-               start: Sequence[int] | None = None, goal: Sequence[int] | None = None) -> str:
-        """The notes, then a route: ``a#b. 1,1 to 3,3<answer>right stop</answer>``.
-
-        Raises:
-            ValueError: an action not in 0..4, or ``walls``, ``start`` or ``goal`` missing.
-        """
-        if walls is None or start is None or goal is None:
-            raise ValueError("plan_map needs the walls transcription (envs.visgym.grounding.walls_answer) and the "
-                             "start and goal cells as (row, col)")
-        return map_notes(walls, start, goal) + PlanParser.format(self, actions)
-
-
-def map_notes(walls: str, start: Sequence[int], goal: Sequence[int]) -> str:
-    """``plan_map``'s notes: the walls transcription (envs.visgym.grounding.walls_answer), then
-    ``" r,c to r,c"`` for the agent's cell and the goal's."""
-    return f"{walls} {int(start[0])},{int(start[1])} to {int(goal[0])},{int(goal[1])}"
-
-
 #: Parser names accepted by ``make_parser`` (and by the env config key ``parser``).
-PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_cells",
-                                 "plan_walls", "plan_map")
+PARSER_NAMES: tuple[str, ...] = ("tuple", "tuple_answer", "tuple_lenient", "keyword", "plan", "plan_walls")
 
 _PARSERS = {
     "tuple": UpstreamTupleParser,
@@ -572,9 +450,7 @@ _PARSERS = {
     "tuple_lenient": LenientTupleParser,
     "keyword": KeywordParser,
     "plan": PlanParser,
-    "plan_cells": PlanCellsParser,
     "plan_walls": PlanWallsParser,
-    "plan_map": PlanMapParser,
 }
 
 

@@ -3,10 +3,10 @@
 Evaluation sets are named, versioned objects: ``visgym_easy_64`` (maze_2d/easy seeds 0..63, the
 upstream VisGym evaluation set), ``visgym_hard_64`` (maze_2d/hard seeds 0..63) and ``visgym_small_64``
 (rlkit's 7x7 variant: the first 64 seeds with pairwise distinct layouts). Training must never see
-them: ``is_eval_seed`` says which seeds to skip and ``train_seed_stream`` yields a seeded stream of
-training seeds that already skips them. Both compare layouts (walls, start and goal;
-``maze.layout_key``), not only seed numbers: another seed can draw an evaluation maze again (a 9x9
-warm start of 25,600 mazes drew eval mazes 40 and 20 before this check; 7x7 has only 768 layouts).
+them: ``is_eval_seed`` says which seeds to skip (rlkit.tasks.TaskSampler asks it of every draw). It
+compares layouts (walls, start and goal; ``maze.layout_key``), not only seed numbers: another seed can draw
+an evaluation maze again (a 9x9 warm start of 25,600 mazes drew eval mazes 40 and 20 before this check; 7x7
+has only 768 layouts).
 
 Step budgets on the eval sets (shortest path + 1 stop): easy needs 13 turns (50 mazes) or 17 turns
 (14 mazes), so 15 turns admit 50/64 and 18 turns all 64; hard needs 17 to 33 turns (30 turns,
@@ -16,7 +16,6 @@ the VisGym paper's budget, admit 63/64). Reports state the budget next to the su
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 from PIL import Image
@@ -24,12 +23,11 @@ from PIL import Image
 from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
-ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_cells", "plan_walls", "plan_map", "tuple_answer")
+ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_walls", "tuple_answer")
 from envs.visgym.gym_env import MazeEnv
-from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS, VARIANT_SIZES, dihedral_keys, generate_maze, layout_key, maze_key
+from envs.visgym.maze import VARIANT_SIZES, dihedral_keys, generate_maze, layout_key
 from envs.visgym.grounding import GROUNDING_TASKS, GroundingExample, grounding_example
 from envs.visgym.picture import draw_episode
-from envs.visgym.routes import RouteExample, route_example
 from envs.visgym.render import DEFAULT_CELL_SIZE
 from envs.visgym.upstream import UPSTREAM_VARIANTS, UpstreamMazeEnv, require_upstream
 
@@ -37,13 +35,6 @@ IMPLS = ("native", "upstream")
 
 #: What training keeps out (``VisGymMaze(holdout=...)``): the evaluation mazes, or also their dihedral images.
 HOLDOUTS = ("layout", "dihedral")
-
-#: Where a ``plan_map`` route is written (``VisGymMaze(route_context=...)``): after the notes in the picture's
-#: context, or in a second context of text alone (rlkit.rollout's route pass).
-ROUTE_CONTEXTS = ("picture", "text")
-
-#: The text that ends the notes and opens the route in ``plan_map``'s answer: the first pass stops at it.
-ROUTE_OPENING = "<answer>"
 
 
 @dataclass(frozen=True)
@@ -97,8 +88,6 @@ class EvalSet:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             return False
         keys = self.twin_layouts() if dihedral else self.layouts()
-        if seed >= LOOP_TASKS:
-            return self._holds_tree_of_loop(int(seed), keys)
         return layout_key(int(seed), VARIANT_SIZES[self.variant]) in keys
 
     def twin_seeds(self, seed_limit: int) -> dict[int, list[int]]:
@@ -119,20 +108,6 @@ class EvalSet:
                 first.setdefault(key, seed)
         # each evaluation maze gets the seeds of its own images (two evaluation mazes may be twins of each other)
         return {s: sorted(first[k] for k in dihedral_keys(*generate_maze(s, size)) if k in first) for s in self.seeds}
-
-    def _holds_tree_of_loop(self, seed: int, layouts: dict[bytes, int]) -> bool:
-        """A loop task (``maze.LOOP_TASKS``) is held out when closing one of its passages again gives one of
-        ``layouts`` (the set's mazes, or their dihedral images): its picture differs from one by one passage."""
-        maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[self.variant])
-        size = maze_map.shape[0]
-        for r in range(1, size - 1):
-            for c in range(1, size - 1):
-                if (r + c) % 2 == 1 and maze_map[r, c] == 0:
-                    maze_map[r, c] = 1
-                    if maze_key(maze_map, start, goal) in layouts:
-                        return True
-                    maze_map[r, c] = 0
-        return False
 
 
 def first_distinct_layouts(variant: str, n: int) -> tuple[int, ...]:
@@ -158,20 +133,6 @@ EVAL_SETS: dict[str, EvalSet] = {
 _EVAL_SET_OF_VARIANT = {"easy": "visgym_easy_64", "hard": "visgym_hard_64", "small": "visgym_small_64"}
 
 
-def train_seed_stream(seed: int, eval_set: EvalSet, to_task: Callable[[int], int] | None = None,
-                      dihedral: bool = False) -> Iterator[int]:
-    """Endless stream of training task seeds, reproducible from ``seed``: seeds in [0, 2**31 - 1), each
-    mapped by ``to_task`` if given (``VisGymMaze.training_task``), skipping the seeds of ``eval_set`` and
-    every seed that draws one of its mazes (with ``dihedral``: or a turned or mirrored image of one)."""
-    rng = np.random.default_rng(seed)
-    while True:
-        s = int(rng.integers(0, 2**31 - 1))
-        if to_task is not None:
-            s = to_task(s)
-        if not eval_set.holds_layout_of(s, dihedral):
-            yield s
-
-
 class VisGymMaze:
     """EnvSpec for VisGym maze_2d (``rlkit.types.EnvSpec``); every argument is a config key.
 
@@ -184,37 +145,18 @@ class VisGymMaze:
             ``self.max_turns == 1`` turn.
         parser: action format; interactive: "tuple" (VisGym, upstream-exact), "tuple_answer",
             "tuple_lenient", "keyword" (SkyRL);
-            plan: "plan", "plan_cells", "plan_walls", "plan_map" (envs/visgym/parsers.py).
+            plan: "plan", "plan_walls" (envs/visgym/parsers.py).
         cell_size: pixels per maze cell in the image (25 as upstream: 225x225 easy, 275x275 hard).
         impl: "native" (``MazeEnv``, this package) or "upstream" (the VisGym fork, must be installed).
         wall_move: what a move into a wall does: "stay" (upstream VisGym: the agent stays in place)
             or "fail" (the episode ends there, unsuccessful). rlkit's plan-mode configs use "fail": with
             "stay" a plan can pad its route with moves that are free when they hit a wall, and GRPO
             learns that padding instead of routes (envs/visgym/episode.py WALL_MOVES).
-        train_room_endpoints: the share of training tasks (SFT demonstrations and GRPO tasks; 0.0 to 1.0)
-            whose start and goal are two distinct rooms drawn at random instead of two opposite corners
-            (``maze.ROOM_TASKS``). The evaluation set stays corner-to-corner. 7x7 has 768 corner layouts
-            only, so a policy trained on them can fit the layouts it sees; with room endpoints it cannot
-            tell the route from which corner it starts in. Which stream seeds become room tasks is fixed
-            by the seed (``training_task``).
-        train_open_passage: the share of training tasks (0.0 to 1.0, at most 1 - train_room_endpoints) that are
-            loop tasks (``maze.LOOP_TASKS``): the corner task with one more passage opened, so the maze has a
-            loop and its shortest route may take the new passage. 7x7 has 768 tree layouts (704 to train on),
-            and the held-out ones differ from trained-on ones by one moved passage; loop tasks add 4 per tree
-            whose route turns on one passage. A loop task that closes back to an evaluation maze is skipped
-            (``EvalSet.holds_layout_of``).
         holdout: what training keeps out besides the evaluation mazes themselves: "layout" (every seed that
             draws one of them) or "dihedral" (also every maze that is one of them turned or mirrored,
             ``maze.dihedral_keys``). On 7x7 the evaluation set's 64 mazes have 344 such twins among the 704
             training layouts, so "layout" tests a policy on mazes it trained on in another orientation;
             "dihedral" leaves 360 training layouts and tests it on mazes it has not seen in any orientation.
-        route_context: where a ``plan_map`` policy writes its route: "picture" (one pass, the route after the
-            notes in the picture's context) or "text" (two passes: the policy writes its notes from the picture
-            up to ``<answer>``, then the route in a second context of text alone, the route question's
-            (``rlkit.sft.route_prompt``: the env's prompt without the picture, then those notes); rlkit.rollout
-            runs both and the env acts on the two texts joined). With "text" the route can only come from
-            the notes, so the step from notes to route, which route questions on text teach on any maze
-            (``sft.route_mix``, ``algorithm.route_coef``), is the policy's only path to a route (session 30).
 
     Attributes: ``max_turns`` (policy turns), ``action_budget`` (turns or plan steps),
     ``eval_set`` (``EvalSet``), ``eval_set_name``.
@@ -234,10 +176,7 @@ class VisGymMaze:
         cell_size: int = DEFAULT_CELL_SIZE,
         impl: str = "native",
         wall_move: str = "stay",
-        train_room_endpoints: float = 0.0,
-        train_open_passage: float = 0.0,
         holdout: str = "layout",
-        route_context: str = "picture",
     ):
         if variant not in VARIANT_SIZES:
             raise ValueError(f"env.variant must be one of {sorted(VARIANT_SIZES)}, got {variant!r}")
@@ -253,28 +192,10 @@ class VisGymMaze:
             raise ValueError(f"env.cell_size must be an int >= 4 pixels, got {cell_size!r}")
         if wall_move not in WALL_MOVES:
             raise ValueError(f"env.wall_move must be one of {WALL_MOVES}, got {wall_move!r}")
-        if (isinstance(train_room_endpoints, bool) or not isinstance(train_room_endpoints, (int, float))
-                or not 0.0 <= train_room_endpoints <= 1.0):
-            raise ValueError(f"env.train_room_endpoints must be a share in [0, 1], got {train_room_endpoints!r}")
-        if train_room_endpoints and impl != "native":
-            raise ValueError("env.train_room_endpoints needs env.impl=native: upstream VisGym draws corner "
-                             "endpoints only")
-        if (isinstance(train_open_passage, bool) or not isinstance(train_open_passage, (int, float))
-                or not 0.0 <= train_open_passage <= 1.0 - train_room_endpoints):
-            raise ValueError(f"env.train_open_passage must be a share in [0, 1 - env.train_room_endpoints] = "
-                             f"[0, {1.0 - train_room_endpoints:g}], got {train_open_passage!r}")
-        if train_open_passage and impl != "native":
-            raise ValueError("env.train_open_passage needs env.impl=native: upstream VisGym draws tree mazes only")
         if impl not in IMPLS:
             raise ValueError(f"env.impl must be one of {IMPLS}, got {impl!r}")
         if holdout not in HOLDOUTS:
             raise ValueError(f"env.holdout must be one of {HOLDOUTS}, got {holdout!r}")
-        if route_context not in ROUTE_CONTEXTS:
-            raise ValueError(f"env.route_context must be one of {ROUTE_CONTEXTS}, got {route_context!r}")
-        if route_context == "text" and (mode != "plan" or parser != "plan_map"):
-            raise ValueError(f"env.route_context=text writes the route from plan_map's notes in a second context; "
-                             f"this env is env.mode={mode} env.parser={parser}. Set env.mode=plan "
-                             f"env.parser=plan_map (and rollout.max_new_tokens=64), or env.route_context=picture")
         if impl == "upstream":
             if variant not in UPSTREAM_VARIANTS:
                 raise ValueError(
@@ -290,15 +211,10 @@ class VisGymMaze:
         self.variant = variant
         self.mode = mode
         self.parser = parser
-        self._held_out_walls: frozenset[bytes] | None = None  # route_example's holdout, built on first use
         self.cell_size = cell_size
         self.impl = impl
         self.wall_move = wall_move
-        self.train_room_endpoints = float(train_room_endpoints)
-        self.train_open_passage = float(train_open_passage)
         self.holdout = holdout
-        self.route_context = route_context
-        self.route_opening = ROUTE_OPENING
         self.action_budget = max_turns
         self.max_turns = max_turns if mode == "interactive" else 1
         # A parser that reads an <answer> block has all it needs at the first "</answer>": the policy's
@@ -314,10 +230,7 @@ class VisGymMaze:
         return (
             f"VisGymMaze(variant={self.variant!r}, mode={self.mode!r}, max_turns={self.action_budget}, "
             f"parser={self.parser!r}, cell_size={self.cell_size}, impl={self.impl!r}, wall_move={self.wall_move!r}"
-            + (f", train_room_endpoints={self.train_room_endpoints}" if self.train_room_endpoints else "")
-            + (f", train_open_passage={self.train_open_passage}" if self.train_open_passage else "")
-            + (f", holdout={self.holdout!r}" if self.holdout != "layout" else "")
-            + (f", route_context={self.route_context!r}" if self.route_context != "picture" else "") + ")"
+            + (f", holdout={self.holdout!r}" if self.holdout != "layout" else "") + ")"
         )
 
     # -- EnvSpec -------------------------------------------------------------------------------
@@ -340,33 +253,6 @@ class VisGymMaze:
         ``holdout="dihedral"``: or one turned or mirrored)."""
         return self.eval_set.holds_layout_of(seed, dihedral=self.holdout == "dihedral")
 
-    def task_key(self, seed: int) -> bytes:
-        """The identity of task ``seed`` for per-task statistics (rlkit.tasks.SolvedTaskFilter): its maze
-        layout (walls, start and goal), which many seeds share (7x7 has 768 layouts)."""
-        return layout_key(int(seed), VARIANT_SIZES[self.variant])
-
-    def training_task(self, seed: int) -> int:
-        """The task a training stream seed in [0, 2**31) stands for: ``seed`` itself (its corners), or with
-        probability ``train_room_endpoints`` (a coin fixed by the seed) its room-endpoint task
-        ``ROOM_TASKS + seed``, with probability ``train_open_passage`` (the same coin) its loop task
-        ``LOOP_TASKS + seed`` (rlkit.tasks.training_sampler applies it)."""
-        rooms, loops = self.train_room_endpoints, self.train_open_passage
-        if not (rooms or loops):
-            return int(seed)
-        coin = np.random.default_rng([int(seed), 0x5EED]).random()
-        if rooms and (rooms >= 1.0 or coin < rooms):
-            return ROOM_TASKS + int(seed)
-        if loops and coin < rooms + loops:
-            return LOOP_TASKS + int(seed)
-        return int(seed)
-
-    def train_seed_stream(self, seed: int) -> Iterator[int]:
-        """Endless reproducible stream of training task seeds that skips eval mazes (see module doc), each
-        mapped by ``training_task``."""
-        mapped = self.train_room_endpoints or self.train_open_passage
-        return train_seed_stream(seed, self.eval_set, self.training_task if mapped else None,
-                                 dihedral=self.holdout == "dihedral")
-
     # -- supervised warm start -----------------------------------------------------------------
 
     def solution(self, seed: int) -> list[int]:
@@ -386,26 +272,6 @@ class VisGymMaze:
         """One grounding question on maze ``seed`` drawn with ``rng`` (see envs/visgym/grounding.py),
         rendered at this env's cell size."""
         return grounding_example(seed, task, rng, variant=self.variant, cell_size=self.cell_size)
-
-    # -- route questions on text (sft.route_mix) ------------------------------------------------
-
-    def route_example(self, rng: np.random.Generator) -> RouteExample:
-        """One route question on text alone (envs/visgym/routes.py): ``plan_map``'s notes of a maze of this
-        env's size (a training tree, a tree between two rooms, or any wall pattern), and the route after them.
-        No example has the walls of an evaluation maze (with ``holdout="dihedral"``, of their turned and
-        mirrored images either), and every route fits the plan budget.
-
-        Raises:
-            ValueError: the env's parser is not ``plan_map`` (only its notes hold what a route depends on).
-        """
-        if self.parser != "plan_map":
-            raise ValueError(f"route questions on text need env.parser=plan_map, whose notes (the walls and both "
-                             f"ends) are what the route is read from; this env writes {self.parser!r}. Set "
-                             f"env.parser=plan_map, or sft.route_mix=0")
-        if self._held_out_walls is None:
-            keys = self.eval_set.twin_layouts() if self.holdout == "dihedral" else self.eval_set.layouts()
-            self._held_out_walls = frozenset(k[:-4] for k in keys)  # maze_key: walls, then 4 bytes of ends
-        return route_example(VARIANT_SIZES[self.variant], rng, self._held_out_walls, budget=self.action_budget)
 
     # -- reports -------------------------------------------------------------------------------
 

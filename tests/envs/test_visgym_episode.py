@@ -1,14 +1,12 @@
 """The policy-facing episode (rlkit.types.EpisodeEnv) and the EnvSpec (VisGymMaze)."""
 
-import itertools
 import json
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from envs.visgym import (EVAL_SETS, LOOP_TASKS, MazeEpisode, VisGymMaze, dihedral_keys, generate_maze, layout_key,
-                         solve_moves)
+from envs.visgym import EVAL_SETS, MazeEpisode, VisGymMaze, dihedral_keys, generate_maze, layout_key, solve_moves
 from envs.visgym.upstream import upstream_installed
 from rlkit.tasks import TaskSampler
 from rlkit.types import EpisodeEnv, StepOutput
@@ -38,8 +36,7 @@ def _run(spec: VisGymMaze, seed: int, texts: list[str]) -> tuple[MazeEpisode, li
         dict(mode="interactive", parser="tuple_answer"),
         dict(mode="interactive", parser="keyword"),
         dict(mode="plan", parser="plan"),
-        dict(mode="plan", parser="plan_cells"),
-        dict(variant="small", mode="plan", parser="plan_cells", max_turns=17, wall_move="fail"),
+        dict(mode="plan", parser="plan_walls"),
         dict(variant="small", mode="plan", parser="plan_walls", max_turns=17, wall_move="fail"),
         dict(variant="hard", mode="interactive", parser="tuple", max_turns=34),
         dict(variant="hard", mode="plan", parser="plan", max_turns=34),
@@ -57,31 +54,6 @@ def test_solver_episode_succeeds(kwargs):
         assert all(o.info["parse_ok"] for o in outs)
         assert outs[-1].info["success"] and not any(o.info["success"] for o in outs[:-1])
         assert len(outs) == (1 if spec.mode == "plan" else len(spec.solution(seed)))
-
-
-@pytest.mark.parametrize("parser", ["plan", "plan_cells", "plan_walls"])
-def test_solver_episode_succeeds_on_loop_tasks(parser):
-    """The demonstration of a loop task is its shortest route, which may take the opened passage."""
-    from envs.visgym.maze import LOOP_TASKS, solve_moves
-
-    spec = VisGymMaze(variant="small", mode="plan", parser=parser, max_turns=17, wall_move="fail", train_open_passage=1.0)
-    seeds = [spec.training_task(s) for s in range(40)]
-    assert all(s >= LOOP_TASKS for s in seeds)
-    for seed in seeds:
-        walls, start, goal = generate_maze(seed, 7)
-        env, outs = _run(spec, seed, spec.demonstration(seed))
-        assert env.success() and outs[-1].info["agent"] == list(goal)
-        assert len(spec.solution(seed)) == len(solve_moves(walls, start, goal)) + 1  # the shortest route, stop
-
-
-@pytest.mark.parametrize("parser", ["plan", "plan_walls"])
-def test_solver_episode_succeeds_on_room_endpoint_tasks(parser):
-    from envs.visgym.maze import ROOM_TASKS
-
-    spec = VisGymMaze(variant="small", mode="plan", parser=parser, max_turns=17, wall_move="fail", train_room_endpoints=1.0)
-    for seed in (ROOM_TASKS + 0, ROOM_TASKS + 5, spec.training_task(123)):
-        env, outs = _run(spec, seed, spec.demonstration(seed))
-        assert env.success() and outs[-1].info["agent"] == list(generate_maze(seed, 7)[2])
 
 
 def test_all_easy_eval_mazes_solved_within_18_turns():
@@ -181,10 +153,6 @@ def test_demonstration_formats():
     assert VisGymMaze(mode="interactive", parser="keyword").demonstration(0)[-1] == "<action>stop</action>"
     plan = VisGymMaze(mode="plan", parser="plan").demonstration(0)
     assert plan == ["<answer>right right up up up up right right right right up up stop</answer>"]
-    cells = VisGymMaze(mode="plan", parser="plan_cells").demonstration(0)
-    # the same route from the start corner (7, 1), the cell written before it and after every move
-    assert cells == ["<answer>7,1 right 7,2 right 7,3 up 6,3 up 5,3 up 4,3 up 3,3 right 3,4 right 3,5 right 3,6 "
-                     "right 3,7 up 2,7 up 1,7 stop</answer>"]
     walls = VisGymMaze(mode="plan", parser="plan_walls").demonstration(0)
     # the same route after the 24 wall bits of task 0's 9x9 layout, read off its map by hand (rows 1-7:
     # the bits are the interior cells with row + col odd, labels a-x in reading order)
@@ -192,8 +160,6 @@ def test_demonstration_formats():
     bits = [(r, c) for r in range(1, 8) for c in range(1, 8) if (r + c) % 2]
     by_hand = "".join(f"{chr(ord('a') + k)}{'#' if maze_map[r, c] else '.'}" for k, (r, c) in enumerate(bits))
     assert walls == [by_hand + plan[0]] and len(by_hand) == 48
-    # plan_map: the same notes, then the agent's start corner and the goal's (task 0 runs from 7,1 to 1,7)
-    assert VisGymMaze(mode="plan", parser="plan_map").demonstration(0) == [by_hand + " 7,1 to 1,7" + plan[0]]
     spec = VisGymMaze(variant="hard", mode="interactive", parser="tuple")
     maze_map, start, goal = generate_maze(7, 11)
     assert len(spec.demonstration(7)) == len(solve_moves(maze_map, start, goal)) + 1
@@ -206,9 +172,9 @@ def test_eval_sets_and_training_seeds():
     assert easy.eval_set.version == 1 and EVAL_SETS["visgym_hard_64"].variant == "hard"
     assert all(easy.is_eval_seed(s) for s in range(64))
     assert not easy.is_eval_seed(64) and not easy.is_eval_seed(-1)
-    stream = list(itertools.islice(easy.train_seed_stream(0), 500))
-    assert stream == list(itertools.islice(easy.train_seed_stream(0), 500))
-    assert stream != list(itertools.islice(easy.train_seed_stream(1), 500))
+    stream = TaskSampler(0, easy.is_eval_seed).sample(500)
+    assert stream == TaskSampler(0, easy.is_eval_seed).sample(500)
+    assert stream != TaskSampler(1, easy.is_eval_seed).sample(500)
     assert not any(easy.is_eval_seed(s) for s in stream)
 
 
@@ -228,8 +194,8 @@ def test_training_never_draws_an_eval_maze_under_another_seed():
     assert len(eval_keys) == 64 == len(small.eval_seeds())
     raw = [s for s in range(64, 3000) if s not in small.eval_set]
     assert sum(layout_key(s, 7) in eval_keys for s in raw) > len(raw) / 20
-    for seeds in (TaskSampler(0, small.is_eval_seed).sample(1000), list(itertools.islice(small.train_seed_stream(3), 1000))):
-        assert not any(layout_key(s, 7) in eval_keys for s in seeds)
+    for seed in (0, 3):
+        assert not any(layout_key(s, 7) in eval_keys for s in TaskSampler(seed, small.is_eval_seed).sample(1000))
     assert not small.is_eval_seed(-1) and small.is_eval_seed(small.eval_seeds()[-1])
 
 
@@ -328,13 +294,11 @@ def test_the_dihedral_holdout_keeps_turned_and_mirrored_eval_mazes_out_of_traini
     assert not any(layout.is_eval_seed(s) for s in twins[:50]) and all(dihedral.is_eval_seed(s) for s in twins[:50])
     assert not any(dihedral.is_eval_seed(s) for s in others[:50])
     assert all(dihedral.is_eval_seed(s) for s in dihedral.eval_seeds())
-    drawn = list(itertools.islice(dihedral.train_seed_stream(0), 5000))  # covers all 360 (coupon collector)
+    drawn = TaskSampler(0, dihedral.is_eval_seed).sample(5000)  # covers all 360 (coupon collector)
     assert not any(layout_key(s, 7) in twin_keys for s in drawn)
     # 7x7: the 64 eval mazes have 344 twins among the 704 other layouts, which leaves 360 to train on
     assert len({layout_key(s, 7) for s in drawn}) == 360 and len(twin_keys - eval_keys) == 344
     assert "holdout='dihedral'" in repr(dihedral) and "holdout" not in repr(layout)
-    # a loop task whose passage, closed again, gives a twin is held out as well
-    assert all(dihedral.is_eval_seed(LOOP_TASKS + t) for t in twins[:10])
 
 
 def test_twin_seeds_draw_the_turned_and_mirrored_images_of_each_eval_maze():

@@ -132,45 +132,6 @@ def test_small_variant_routes():
     assert set(lengths) <= {8, 12, 16} and lengths[8] > lengths[12] > lengths[16]
 
 
-def test_room_endpoint_tasks_keep_the_walls_and_move_the_endpoints():
-    """Seed ROOM_TASKS + s: the walls of seed s, start and goal two distinct rooms drawn at random."""
-    from envs.visgym.maze import ROOM_TASKS
-
-    pairs = Counter()
-    for s in range(400):
-        walls, corner_start, corner_goal = generate_maze(s, 7)
-        room_walls, start, goal = generate_maze(ROOM_TASKS + s, 7)
-        assert np.array_equal(room_walls, walls)
-        assert start != goal and all(v % 2 == 1 for v in (*start, *goal))  # rooms: odd row, odd column
-        assert generate_maze(ROOM_TASKS + s, 7)[1:] == (start, goal)  # fixed by the seed
-        solve_moves(room_walls, start, goal)  # reachable: the maze is a spanning tree
-        pairs[(start, goal)] += 1
-    assert len(pairs) > 60  # 72 ordered pairs of 9 rooms, not the 4 corner pairs
-    # the upstream seeds below ROOM_TASKS are untouched (their vectors are checked above)
-    assert generate_maze(ROOM_TASKS - 1, 9)[1] in {(1, 1), (7, 7), (7, 1), (1, 7)}
-
-
-@pytest.mark.parametrize("size", [7, 9])
-def test_loop_tasks_open_one_more_passage_and_keep_the_corners(size):
-    """Seed LOOP_TASKS + s: the maze of seed s with one closed wall bit (row + col odd) opened."""
-    from envs.visgym.maze import LOOP_TASKS, ROOM_TASKS
-
-    shorter = 0
-    for s in range(200):
-        walls, start, goal = generate_maze(s, size)
-        loop_walls, loop_start, loop_goal = generate_maze(LOOP_TASKS + s, size)
-        assert (loop_start, loop_goal) == (start, goal)
-        (r, c), = np.argwhere(loop_walls != walls)  # exactly one cell differs
-        assert walls[r, c] == 1 and loop_walls[r, c] == 0 and (r + c) % 2 == 1
-        assert np.array_equal(generate_maze(LOOP_TASKS + s, size)[0], loop_walls)  # fixed by the seed
-        route = solve_moves(loop_walls, start, goal)
-        shorter += len(route) < len(solve_moves(walls, start, goal))
-    assert 0 < shorter < 200  # the new passage is a shortcut on some mazes, not on all
-    # the last room-endpoint seed is still a room task: its start and goal are rooms, its walls a tree
-    room_walls = generate_maze(LOOP_TASKS - 1, 7)[0]
-    assert np.array_equal(room_walls, generate_maze(LOOP_TASKS - 1 - ROOM_TASKS, 7)[0])
-
-
 def test_dihedral_keys_turn_and_mirror_a_hand_checked_maze():
     # 7x7, start top-left, goal bottom-right; route right right right right down down down down
     maze_map = np.array([[1, 1, 1, 1, 1, 1, 1],
