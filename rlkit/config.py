@@ -10,31 +10,26 @@ with a TypeError naming it when the run starts (``rlkit.run.instantiate_plugin``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-#: Config keys added after checkpoints already existed, each with the value that does what runs did before the
-#: key existed. A checkpoint's config without the key reads as that value on resume, so a run checkpointed by an
-#: older rlkit still resumes when the new key keeps its default (and is refused when it does not). A new key
-#: whose default keeps the old behaviour belongs here. The warm-start cache keys (``rlkit.sft.sft_cache_key``) and
-#: the evaluation script's env check (``rlkit.serve.config``) read the env keys here the same way.
-KEYS_ADDED_LATER: dict[str, Any] = {
-    "algorithm.mask_unexecuted": False,  # session 15
-    "sft.grounding_mix": 0,  # session 15
-    "env.train_room_endpoints": 0.0,  # session 16
-    "env.train_open_passage": 0.0,  # session 17
-    "sft.lr_schedule": "constant",  # session 20
-    "sft.stages": [],  # session 20
-    "env.holdout": "layout",  # session 22
-    "sft.start_from_env": None,  # session 23
-    "sft.start_from_experiment": None,  # session 24
-    "sft.route_mix": 0,  # session 28
-    "algorithm.route_coef": 0.0,  # session 29
-    "algorithm.route_batch": 32,  # session 29
-    "env.route_context": "picture",  # session 30
-}
+#: conf/compat.yaml: how the config of a checkpoint written by an earlier rlkit is read (keys added, renamed and
+#: removed since), for resume and the warm-start cache keys. Loaded once, as plain dicts.
+COMPAT_FILE = Path(__file__).resolve().parents[1] / "conf" / "compat.yaml"
+
+
+def compat_table(section: str) -> dict[str, Any]:
+    """One section of conf/compat.yaml (``added``, ``renamed`` or ``removed``) as {dotted key: value}."""
+    import yaml
+
+    return dict((yaml.safe_load(COMPAT_FILE.read_text()) or {}).get(section) or {})
+
+
+#: Keys added after checkpoints existed, with the value that does what runs did before (conf/compat.yaml).
+KEYS_ADDED_LATER: dict[str, Any] = compat_table("added")
 
 
 @dataclass
@@ -56,95 +51,66 @@ class AlgorithmConfig:
     # trajectories with a turn cut at rollout.max_new_tokens (no end-of-turn token) are left out of the
     # update's loss. Their rewards still count in their group's advantages and in the logged metrics.
     overlong_filtering: bool = False
-    # Train only on what the env acted on: where a turn's Turn.info says its last ``unexecuted_tokens``
-    # tokens were never executed (a VisGym plan ended at a wall under env.wall_move=fail: the rest of the
-    # route after the bumping move), those tokens are left out of the loss, as the tokens after an
-    # interactive episode's end are never sampled. The bumping move itself and all before it still get
-    # the (negative) advantage. Envs that report nothing are unaffected.
-    mask_unexecuted: bool = False
-    # DAPO dynamic sampling: up to this many extra rollout rounds per step (tasks_per_step new tasks
-    # each) until tasks_per_step groups with differing rewards are found; the update trains on those
-    # groups only. 0 = off. Reward/env metrics stay over everything sampled.
-    dynamic_sampling_max_rounds: int = 0
-    # Dynamic sampling with rounds sized to fill the step at once: a round draws enough tasks to find the
-    # missing informative groups at the share the previous step found (DAPO's generation batch larger than
-    # its training batch, sized adaptively), within the same budget of (max_rounds + 1) x tasks_per_step tasks.
-    # One larger generate call instead of several: on the CPU default 32 tasks x 8 took 0.74 s against 4 x 0.26 s.
-    dynamic_sampling_adaptive_batch: bool = False
-    # SPEED screening (Zhang et al. 2025, "SPEED-RL", two-phase sampling): each sampling round first draws
-    # ceil(tasks_per_step x group_size / screening_samples) tasks and samples screening_samples episodes of each
-    # (the budget of a plain round); only tasks whose screening rewards differ get the group_size -
-    # screening_samples continuation samples that complete their group (the screening samples stay in it).
-    # Tasks whose screening samples all agree are not trained on: all solved = too easy to teach anything,
-    # none solved = demonstrated instead when demo_coef > 0. Rounds continue as dynamic sampling's
-    # (at most dynamic_sampling_max_rounds more) until tasks_per_step groups are kept. 0 = off;
-    # else 2 <= screening_samples < group_size. Native backends only.
-    screening_samples: int = 0
-    # GRESO's selective rollout (Zheng et al. 2025; rlkit.tasks.SolvedTaskFilter): a training task whose last
-    # k groups all succeeded is rolled out only with probability selective_rollout_explore ** k (k <= 3), else
-    # skipped before rollout; with selective_rollout_explore_hard, a task whose last k groups all failed too
-    # (null: never skipped). Tasks are matched by the env's task_key (VisGym: the maze layout). Saves the
-    # rollouts dynamic sampling would filter out. null = off (every drawn task is rolled out).
-    selective_rollout_explore: float | None = None
-    selective_rollout_explore_hard: float | None = None
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28  # DAPO clip-higher
-    # Decoupled PPO (Fu et al. 2025, "AReaL", section 5.2), for samples drawn by an older policy
-    # (backend.one_step_off_policy): the ratio is clipped against the proximal policy (the weights at the
-    # start of the update) instead of the sampling one, and each token's term is weighted by
-    # pi_prox / pi_sampling. Needs one optimizer step an update (update_epochs=1, mini_batch_size=null), so
-    # the proximal logprobs are the update's own forward, detached: no extra forward. On-policy samples
-    # get weight 1: the same loss as without it.
-    decoupled_loss: bool = False
-    behav_imp_weight_cap: Optional[float] = None  # decoupled_loss: tokens with pi_prox / pi_sampling above it weigh 0
-
     clip_ratio_c: Optional[float] = None  # dual clip; None = off
     loss_reduction: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum
     kl_coef: float = 0.0  # KL-to-reference loss coefficient; 0 = reference never computed
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
-    # Demonstration loss on the tasks RL cannot reach (after ReLIFT, Ma et al. 2025, "Learning What
-    # Reinforcement Learning Can't"): each step, the tasks whose G samples all failed (in every
-    # dynamic-sampling round) get the env's solver demonstration, and demo_coef x its mean negative
-    # log-likelihood per token is added to the update's first optimizer step. 0 = off. Needs an env with
-    # demonstration() and backend=native or native_ray. At most demo_max_tasks demonstrations a step.
-    demo_coef: float = 0.0
-    demo_max_tasks: int = 16
-    # Which tasks are demonstrated: those whose group had at most demo_max_successes successes (0 = only
-    # the all-fail tasks, ReLIFT's hardest; 1 = also the ones a single sample solved). < group_size.
-    demo_max_successes: int = 0
-    # Route questions on text inside the GRPO update (session 29): each step, route_batch route questions
-    # (the env's route_example: a maze's walls and both ends written as env.parser=plan_map's notes, then the
-    # solver's route; no image; loss on the route only, rlkit.sft.encode_route_example) drawn fresh from
-    # mazes of every kind the env generates, and route_coef x their mean NLL per token is added to the
-    # update's first optimizer step, like demo_coef's term: the step from notes to route keeps being taught
-    # on mazes no picture shows while GRPO fits the pictured ones. 0 = off. Needs env.parser=plan_map; runs on
-    # backend=native and native_ray (a rollout worker draws them, the ranks split them; session 30), not skyrl.
-    route_coef: float = 0.0
-    route_batch: int = 32
     update_epochs: int = 1
     mini_batch_size: Optional[int] = None  # None = the whole step's batch (one optimizer step per epoch)
     micro_batch_size: int = 8
     # Shared-prefix update (native backends): the samples of a group in one micro-batch run their
-    # common prompt (image + text; the longest common token prefix with the same images) once and
-    # share its KV cache; same logprobs, loss and gradients as the full-sequence forward within
-    # float32 rounding, fewer FLOPs. Each mini-batch is ordered group by group before it is cut
-    # into micro-batches, so a micro-batch holds whole groups where micro_batch_size allows (a
-    # group cut by a micro-batch boundary recomputes its prefix in each part). Falls back to the
-    # full-sequence forward with FSDP over > 1 rank and with gradient checkpointing (see
-    # rlkit.update). SkyRL computes its own forward; this switch does not apply there.
+    # common prompt (image + text) once and share its KV cache; same logprobs, loss and gradients as the
+    # full-sequence forward within float32 rounding (rlkit.update). SkyRL computes its own forward.
     shared_prefix: bool = True
-    # Identical samples run once (native backends): samples of a group with the same tokens, sampling
-    # logprobs, advantage and images have the same loss terms, so the update runs one of them weighted by
-    # their number (rlkit.update.identical_samples). Same loss and gradients within float rounding; on the
-    # CPU default 64 samples a step were 20-28 distinct ones. The metric policy/distinct_fraction shows the
-    # share. SkyRL computes its own forward; this switch does not apply there.
+    # Identical samples run once (native backends), weighted by their number (rlkit.update.identical_samples);
+    # same loss and gradients within float rounding. SkyRL computes its own forward.
     dedup_identical_samples: bool = True
     max_grad_norm: float = 1.0  # 0 = no clipping (the norm is still logged)
-    weight_decay: float = 0.0
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule for the GRPO update (the base lr is the top-level ``lr``)."""
+
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | cosine
+    weight_decay: float = 0.0
+    warmup_steps: int = 0  # GRPO steps of linear warmup
+    lr_schedule: str = "constant"  # constant | cosine (to 0 at ``steps``; rlkit.algorithms.schedules)
+
+
+@dataclass
+class SamplingConfig:
+    """How a GRPO step's batch is sampled (conf/sampling/; rlkit.sampling).
+
+    ``name``: ``plain`` (tasks_per_step tasks x group_size samples) or ``dapo`` (DAPO dynamic sampling, Yu et
+    al. 2025, section 3.2: keep the groups whose rewards differ; while fewer than tasks_per_step are kept, roll
+    out up to ``max_rounds`` more rounds; the update trains on the kept groups only; reward/env metrics stay
+    over everything sampled). ``adaptive_batch``: size each round to fill the step at once, from the share of
+    informative groups the previous step found (DAPO's generation batch larger than its training batch).
+    """
+
+    name: str = "plain"
+    max_rounds: int = 0
+    adaptive_batch: bool = False
+
+
+@dataclass
+class AuxLossConfig:
+    """Auxiliary supervised terms of the GRPO update (conf/aux_loss/; rlkit.algorithms.nll.AuxTerm).
+
+    ``demo_coef`` > 0: the demonstration loss on the tasks RL cannot reach (after ReLIFT, Ma et al. 2025,
+    "Learning What Reinforcement Learning Can't"): each step, the tasks whose group had at most
+    ``demo_max_successes`` successes (0: the all-fail ones) get the env's solver demonstration
+    (rlkit.types.SupportsDemonstrations), and demo_coef x its mean NLL per token joins the update's first
+    optimizer step; at most ``demo_max_tasks`` a step. Native backends only.
+    """
+
+    demo_coef: float = 0.0
+    demo_max_tasks: int = 16
+    demo_max_successes: int = 0
 
 
 @dataclass
@@ -188,7 +154,7 @@ class TrainerConfig:
     # torch intra-op threads of the one-time builds (grounding stage, SFT warm start), which run alone in the
     # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (the Ray launcher
     # sets it for a job to its entrypoint_num_cpus), else the cores this process may use under its cgroup's
-    # CPU quota (rlkit.backends.native.build_threads). Training then uses num_threads. 1 by default: a build's
+    # CPU quota (rlkit.recipes.threads.build_threads). Training then uses num_threads. 1 by default: a build's
     # numbers depend on its thread count, and the documented builds were made on 1 (docs/speed.md).
     # A chain's stages (sft.start_from_*) are built with this job's value, whatever their own configs say.
     build_threads: Optional[int] = 1
@@ -219,49 +185,43 @@ class SFTConfig:
     val_tasks: int = 64
     eval_every: int = 25
     seed: int = 1234
-    # N > 0: N questions of the grounding stage's last curriculum phase (grounding.curriculum, e.g. walls) join
+    # N > 0: N questions of the grounding stage's tasks (grounding.tasks, e.g. walls) join
     # every batch, on their own training mazes, so the warm start keeps reading the picture instead of
     # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
     # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
-    # N > 0: N route questions on text alone join every batch (env.route_example; envs/visgym/routes.py): the notes
-    # a plan_map policy writes (the walls and both ends) with the loss masked, then the route with the loss on,
-    # on mazes drawn beyond the training pictures (other trees' corners and rooms, any wall pattern; never an
-    # evaluation maze's walls). No image, so about a third of a demonstration's cost. Needs env.parser=plan_map.
-    route_mix: int = 0
     # Later stages of the warm start, run after this one in the same job: each a mapping of sft keys
     # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config (not over the stage
     # before: a key a stage does not set has this config's value), trained from the previous stage's
     # checkpoint with a fresh AdamW and cached on its own (keyed as the job that starts from that checkpoint
     # through policy.path would key it). [] = one stage.
     stages: list[Any] = field(default_factory=list)
-    # A curriculum over envs (e.g. maze sizes): the name of another env config (conf/env/<name>.yaml) whose warm
+    # A sequence of envs (e.g. maze sizes): the name of another env config (conf/env/<name>.yaml) whose warm
     # start, as `python train.py env=<name>` builds it with this job's policy (that env's grounding stage, recipe
     # and image size included), is built or reused first; this env's warm start then starts from it instead of
     # from this env's grounding stage (which is skipped), as a job with policy.path=<that warm start> would, with
     # the image size of this env (policy.tiny.image_max_pixels). null = off. On 9x9 from the 7x7 default's warm
-    # start: session 23, docs/experiments.md; conf/experiment/tiny_9x9_curriculum.yaml.
+    # start: session 23, docs/experiments.md; conf/experiment/tiny_9x9_from_7x7.yaml.
     start_from_env: str | None = None
     # The same from another experiment's warm start: the name of an experiment config (conf/experiment/<name>.yaml)
     # whose warm start, as `python train.py experiment=<name>` builds it (that job's whole config, its policy and
     # its own sft.start_from_* included), is built or reused first; this job's warm start trains on from it at this
     # env's image size. At most one of start_from_env / start_from_experiment. null = off. 7x7 from the 9x9
-    # curriculum's warm start: session 24, docs/experiments.md; conf/experiment/tiny_7x7_from_9x9.yaml.
+    # chain's warm start: session 24, docs/experiments.md; conf/experiment/tiny_7x7_from_9x9.yaml.
     start_from_experiment: str | None = None
 
 
 @dataclass
 class GroundingConfig:
-    """Visual grounding pretraining of a tiny base policy, before the SFT warm start (rlkit.grounding).
+    """Visual grounding pretraining of a tiny base policy, before the SFT warm start (rlkit.stages.grounding).
 
     Trains the full weights on the env's grounding questions (training seeds only) until the
     exact-match accuracy on ``val_questions`` held-out questions about wall bits reaches
     ``target_accuracy`` (checked every ``eval_every`` steps) or after ``max_steps``. Cached under
     ``paths.cache_dir/grounding/<hash>`` and reused; the SFT warm start starts from it. Only for
     policies built from ``policy.tiny`` (a pretrained checkpoint already reads its images).
-    ``curriculum``: phases, each a list of the env's task names; the next phase starts at the first
-    check where every task of the current one reaches ``advance_accuracy`` (empty = one phase
-    with every task the env offers).
+    ``tasks``: the env's grounding task names the questions are drawn from, uniformly (empty = every task
+    the env offers).
     """
 
     enabled: bool = False
@@ -272,8 +232,7 @@ class GroundingConfig:
     target_accuracy: float = 0.99
     val_questions: int = 256
     eval_every: int = 25
-    curriculum: list[Any] = field(default_factory=lambda: [["walls"]])
-    advance_accuracy: float = 0.9
+    tasks: list[str] = field(default_factory=lambda: ["walls"])
     seed: int = 4321
 
 
@@ -312,6 +271,9 @@ class TrainConfig:
     backend: Any = MISSING
     logger: Any = MISSING
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    aux_loss: AuxLossConfig = field(default_factory=AuxLossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -403,32 +365,25 @@ RANGES: dict[str, Range] = {
     "train_tasks": Range(1, integer=True, none=True,
                          note="null = a fresh training task for every draw; N = a fixed pool of N training tasks"),
     "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
-    "algorithm.dynamic_sampling_max_rounds": Range(0, integer=True, note="0 = off"),
-    "algorithm.screening_samples": Range(0, integer=True, note="0 = off; else 2..group_size-1"),
-    "algorithm.selective_rollout_explore": Range(0, 1, lo_open=True, none=True,
-                                                 note="null = off; a task solved k times running is rolled out with probability explore**k"),
-    "algorithm.selective_rollout_explore_hard": Range(0, 1, lo_open=True, none=True,
-                                                      note="null = all-fail tasks are never skipped"),
+    "sampling.name": Range(choices=("plain", "dapo"), note="conf/sampling/"),
+    "sampling.max_rounds": Range(0, integer=True, note="dapo's extra rollout rounds a step"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
     "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
     "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),
-    "algorithm.behav_imp_weight_cap": Range(1, lo_open=True, none=True, note="null = no cap"),
     "algorithm.loss_reduction": Range(choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")),
     "algorithm.kl_coef": Range(0, note="0 = no KL term, the reference is never computed"),
     "algorithm.kl_estimator": Range(choices=("k1", "k2", "k3")),
     "algorithm.entropy_coef": Range(0, note="0 = no entropy bonus"),
-    "algorithm.demo_coef": Range(0, note="0 = no demonstration loss"),
-    "algorithm.demo_max_tasks": Range(1, integer=True),
-    "algorithm.demo_max_successes": Range(0, integer=True, note="0 = only the tasks whose samples all failed"),
-    "algorithm.route_coef": Range(0, note="0 = no route questions in the update"),
-    "algorithm.route_batch": Range(1, integer=True, note="route questions a GRPO step"),
+    "aux_loss.demo_coef": Range(0, note="0 = no demonstration loss"),
+    "aux_loss.demo_max_tasks": Range(1, integer=True),
+    "aux_loss.demo_max_successes": Range(0, integer=True, note="0 = only the tasks whose samples all failed"),
     "algorithm.update_epochs": Range(1, integer=True, note="passes over each step's batch"),
     "algorithm.mini_batch_size": Range(1, integer=True, none=True, note="null = the whole batch"),
     "algorithm.micro_batch_size": Range(1, integer=True),
     "algorithm.max_grad_norm": Range(0, note="0 = no clipping; the norm is still logged"),
-    "algorithm.weight_decay": Range(0),
-    "algorithm.warmup_steps": Range(0, integer=True, note="0 = no warmup"),
-    "algorithm.lr_schedule": Range(choices=("constant", "cosine")),
+    "optim.weight_decay": Range(0),
+    "optim.warmup_steps": Range(0, integer=True, note="0 = no warmup"),
+    "optim.lr_schedule": Range(choices=("constant", "cosine")),
     "sft.lr_schedule": Range(choices=("constant", "cosine")),
     "rollout.temperature": Range(0, note="0 = greedy"),
     "rollout.top_p": Range(0, 1, lo_open=True, note="1 = off"),
@@ -447,7 +402,6 @@ RANGES: dict[str, Range] = {
     "sft.lr": Range(0, lo_open=True),
     "sft.warmup_steps": Range(0, integer=True),
     "sft.grounding_mix": Range(0, integer=True, note="0 = off"),
-    "sft.route_mix": Range(0, integer=True, note="0 = off"),
     "sft.target_success": Range(0, 1),
     "sft.val_tasks": Range(1, integer=True),
     "sft.eval_every": Range(1, integer=True),
@@ -459,7 +413,6 @@ RANGES: dict[str, Range] = {
     "grounding.target_accuracy": Range(0, note="above 1 = never stop early"),
     "grounding.val_questions": Range(1, integer=True),
     "grounding.eval_every": Range(1, integer=True),
-    "grounding.advance_accuracy": Range(0, note="above 1 = never leave the first phase"),
     "grounding.seed": _SEED,
     "eval.num_tasks": Range(1, integer=True, none=True, note="null = the whole evaluation set"),
     "eval.pass_k": Range(0, integer=True, note="0 = off"),
@@ -469,7 +422,7 @@ RANGES: dict[str, Range] = {
 
 def check_ranges(cfg: Any) -> list[str]:
     """Every typed field of ``cfg`` (a composed train config) outside its ``RANGES`` rule, plus
-    ``algorithm.adam_betas`` (two numbers in [0, 1)); one line per problem, e.g.
+    ``optim.adam_betas`` (two numbers in [0, 1)); one line per problem, e.g.
     ``"trainer.eval_interval=-1 must be an integer >= 0 (0 = only before and after training)"``.
     Returns [] when all are valid. sft.* and grounding.* are checked only when that stage is enabled."""
     from omegaconf import OmegaConf
@@ -498,16 +451,16 @@ def check_ranges(cfg: Any) -> list[str]:
                         f"{resume_mode!r}): add trainer.resume_mode=from_path to start from that checkpoint, or drop "
                         f"trainer.resume_path")
     steps = OmegaConf.select(cfg, "steps", default=0) or 0
-    warmup = OmegaConf.select(cfg, "algorithm.warmup_steps", default=0) or 0
-    if (OmegaConf.select(cfg, "algorithm.lr_schedule", default=None) == "cosine" and isinstance(steps, int)
+    warmup = OmegaConf.select(cfg, "optim.warmup_steps", default=0) or 0
+    if (OmegaConf.select(cfg, "optim.lr_schedule", default=None) == "cosine" and isinstance(steps, int)
             and isinstance(warmup, int) and 0 < steps <= warmup):
-        problems.append(f"algorithm.lr_schedule=cosine with algorithm.warmup_steps={warmup} >= steps={steps} never "
-                        f"decays; set algorithm.warmup_steps below steps")
-    betas = OmegaConf.select(cfg, "algorithm.adam_betas", default=None)
+        problems.append(f"optim.lr_schedule=cosine with optim.warmup_steps={warmup} >= steps={steps} never "
+                        f"decays; set optim.warmup_steps below steps")
+    betas = OmegaConf.select(cfg, "optim.adam_betas", default=None)
     if betas is not None:
         betas = list(betas)
         if len(betas) != 2 or not all(Range(0, 1, hi_open=True).check(b) for b in betas):
-            problems.append(f"algorithm.adam_betas={betas} must be two numbers in [0, 1)")
+            problems.append(f"optim.adam_betas={betas} must be two numbers in [0, 1)")
     return problems
 
 

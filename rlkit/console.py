@@ -115,9 +115,7 @@ class Progress:
              f"update {m.get('timing/train', 0):.1f}s)"),
             f"ETA {_fmt(eta)}",
         ]
-        options = []  # after the success rate: what screening kept and the demonstrations, when those are on
-        if "screening/tasks" in m:  # algorithm.screening_samples: kept groups / screened tasks
-            options.append(f"screened {m.get('dynamic/informative_groups', 0):.0f}/{m['screening/tasks']:.0f}")
+        options = []  # after the success rate: the demonstrations, when that term is on
         if "demo/tasks" in m:
             options.append(f"demos {m['demo/tasks']:.0f}")
         parts[3:3] = options

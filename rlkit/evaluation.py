@@ -56,7 +56,7 @@ def evaluate(
         "eval/num_tasks": float(len(per_task)),
         "eval/mean_turns": sum(r["turns"] for r in per_task) / n,
         "eval/parse_failures": sum(r["parse_failures"] for r in per_task) / n,
-        "eval/mean_tokens": sum(t.num_episode_tokens for t in trajs) / n,
+        "eval/mean_tokens": sum(t.num_policy_tokens for t in trajs) / n,
         # distinct action sequences / tasks: a policy that ignores its observation (one answer per
         # start corner, say) scores near 0 here whatever its success rate
         "eval/distinct_outputs": len({tuple(r["actions"]) for r in per_task}) / n,

@@ -18,15 +18,6 @@ first update pass.
 Token layout of one trajectory (Qwen chat format; see rlkit.policy.chat):
     [system + user turn 0 + assistant header] [completion 0] [turn end]
     [user turn 1 + assistant header] [completion 1] [turn end] ...
-
-Route pass (an env with ``route_context == "text"``, e.g. VisGym ``plan_map`` with ``env.route_context=text``):
-the one policy turn is written in two passes. The first, with the picture, stops at ``env_spec.route_opening``
-(``<answer>``: the policy's notes, the walls and both ends, then the opening); the second continues those same
-tokens in a context of text alone (``rlkit.sft.route_prompt``: the env's prompt without the picture), where the
-policy writes the route. The env acts on the two texts joined. The trajectory is the first pass's sequence, and
-``Trajectory.continuation`` the second's, whose loss mask is 1 on the route only; both carry the episode's
-advantage in the update (``with_continuations``). Layout of the continuation:
-    [system + user turn 0 without the picture + assistant header] [notes + opening (mask 0)] [route] [turn end]
 """
 
 from __future__ import annotations
@@ -63,17 +54,11 @@ class Trajectory:
     group: int
     policy_version: int
     num_truncated_turns: int = 0
-    continuation: "Trajectory | None" = None  # the route pass's sequence (module doc), else None
 
     @property
     def num_policy_tokens(self) -> int:
         """The policy tokens of this sequence (the loss mask's 1s)."""
         return int(sum(self.loss_mask))
-
-    @property
-    def num_episode_tokens(self) -> int:
-        """The policy tokens of the whole episode: this sequence's and its route pass continuation's."""
-        return self.num_policy_tokens + (self.continuation.num_policy_tokens if self.continuation is not None else 0)
 
 
 @dataclass
@@ -89,7 +74,6 @@ class _Live:
     done: bool = False
     length_cut: int = 0
     kv: Any = None  # the engine's KV state after the last turn (engine.reuse_kv), None once done
-    continuation: Any = None  # the route pass's (ids, mask, logprobs), module doc
 
     def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
         self.ids.extend(ids)
@@ -120,10 +104,6 @@ def rollout(
     from rlkit.policy import PromptInput  # local: rlkit.policy imports transformers
 
     chat = policy.chat
-    route_pass = route_in_text(env_spec)
-    route_sampling = sampling
-    if route_pass:  # the first pass ends at the route's opening (module doc); the second with the run's stops
-        sampling = replace(sampling, stop=tuple(dict.fromkeys((*sampling.stop, env_spec.route_opening))))
     live: list[_Live] = []
     for g, seed in enumerate(seeds):
         for _ in range(group_size):
@@ -153,10 +133,7 @@ def rollout(
     else:
         outs = engine.generate(prompts, _with_n(sampling, group_size))
     completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
-    if route_pass:
-        _route_pass(env_spec, policy, engine, route_sampling, live, completions)
-    else:
-        _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
+    _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
 
     # Later turns: each live episode has its own history.
     while True:
@@ -185,11 +162,6 @@ def rollout(
             truncated=not last_done,
             success=bool(ep.env.success()),
         )
-        continuation = None
-        if ep.continuation is not None:  # the route pass's sequence: no image, the same episode
-            ids, mask, logprobs = ep.continuation
-            # the episode's length cuts on both sequences: overlong_filtering leaves the two out together
-            continuation = Trajectory(ids, mask, logprobs, [], record, ep.group, policy_version, ep.length_cut)
         trajectories.append(
             Trajectory(
                 input_ids=ep.ids,
@@ -200,99 +172,13 @@ def rollout(
                 group=ep.group,
                 policy_version=policy_version,
                 num_truncated_turns=ep.length_cut,
-                continuation=continuation,
             )
         )
     return trajectories
 
 
-def route_in_text(env_spec: Any) -> bool:
-    """Whether ``env_spec`` asks for its route in a second context of text alone (module doc: route pass)."""
-    return getattr(env_spec, "route_context", "picture") == "text"
-
-
 def _with_n(sampling: Any, n: int) -> Any:
     return replace(sampling, n=n)
-
-
-def _route_pass(env_spec: Any, policy: Any, engine: Any, sampling: Any, live: list[_Live],
-                notes: list[Any]) -> None:
-    """The route pass (module doc) of single-turn episodes ``live`` whose first pass sampled ``notes``
-    (one Completion each): each first pass that ended at ``env_spec.route_opening`` is continued in the text
-    context (one batched generate, one sample each); the env then acts on both texts joined. A first pass
-    that ended otherwise (no opening: it wrote ``</answer>`` or ran out of tokens) is acted on alone, as the
-    one-pass rollout would."""
-    from rlkit.policy import PromptInput  # local: rlkit.policy imports transformers
-    from rlkit.sft import route_prompt
-
-    if env_spec.max_turns != 1:
-        raise ValueError(f"the route pass needs single-turn episodes; this env has max_turns={env_spec.max_turns}")
-    chat, opening = policy.chat, env_spec.route_opening
-    prompt = list(route_prompt(env_spec, policy).input_ids)
-    todo = [i for i, c in enumerate(notes) if c.finish_reason == "stop" and c.stop_reason == opening]
-    routes: dict[int, Any] = {}
-    if todo:
-        # a seed of its own: seed + 1 is the next step's first pass (rlkit.backends.native draws seed + step)
-        second = replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + ROUTE_SEED_OFFSET)
-        outs = engine.generate([PromptInput(input_ids=prompt + list(notes[i].token_ids)) for i in todo], second)
-        routes = {i: out[0] for i, out in zip(todo, outs, strict=True)}
-    for i, (ep, first) in enumerate(zip(live, notes, strict=True)):
-        ep.append(list(first.token_ids), 1, list(first.logprobs))
-        ep.append(chat.turn_end_ids(first.finish_reason, first.stop_reason), 0)
-        route = routes.get(i)
-        text, last = first.text, first
-        token_ids = list(first.token_ids)
-        if route is not None:
-            text = chat.decode(list(first.token_ids)) + route.text  # every first-pass token's text, then the route
-            token_ids += list(route.token_ids)
-            end = chat.turn_end_ids(route.finish_reason, route.stop_reason)
-            n_context = len(prompt) + len(first.token_ids)
-            ep.continuation = (
-                prompt + list(first.token_ids) + list(route.token_ids) + end,
-                [0] * n_context + [1] * len(route.token_ids) + [0] * len(end),
-                [0.0] * n_context + list(route.logprobs) + [0.0] * len(end),
-            )
-            last = route
-        ep.length_cut += int(first.finish_reason == "length") + int(route is not None and route.finish_reason == "length")
-        out = ep.env.step(text)
-        info = dict(out.info)
-        if isinstance(info.get("unexecuted_from"), int):  # counted over both passes' tokens; all in the route's
-            info["unexecuted_tokens"] = tokens_from(chat.tokenizer, token_ids, info["unexecuted_from"])
-        ep.turns.append(Turn(action_text=text, env_reward=float(out.reward), done=bool(out.done), info=info,
-                             finish_reason=last.finish_reason))
-        ep.done, ep.kv = True, None
-
-
-def with_continuations(trajectories: list[Trajectory], advantages: torch.Tensor | None = None,
-                       ) -> tuple[list[Trajectory], torch.Tensor | None]:
-    """The sequences the update (or a supervised loss) trains on: every trajectory, then the route pass's
-    continuation of each one that has one (module doc), each continuation with its trajectory's advantage and
-    a group of its own (``group + CONTINUATION_GROUP``: the continuations of one task share their text prompt,
-    which the shared-prefix forward then runs once). The returned trajectories carry no continuation, so a
-    second call changes nothing. Returns (sequences, advantages [N'] or None when ``advantages`` is None);
-    the input is returned as it is when no trajectory has a continuation.
-
-    Each sequence counts once in the loss's reduction: under ``token_mean`` (the default) every policy token
-    weighs the same, wherever it is; under the sequence reductions (``seq_mean_*``) an episode with a route pass
-    counts as two sequences."""
-    extra = [i for i, t in enumerate(trajectories) if getattr(t, "continuation", None) is not None]
-    if not extra:
-        return trajectories, advantages
-    mains = [replace(t, continuation=None) for t in trajectories]
-    # the group of the trajectory, which a backend may have renumbered (rlkit.distributed.cluster), not the copy's
-    conts = [replace(trajectories[i].continuation, group=(trajectories[i].group or 0) + CONTINUATION_GROUP,
-                     continuation=None) for i in extra]
-    if advantages is None:
-        return mains + conts, None
-    idx = torch.tensor(extra, dtype=torch.long)
-    return mains + conts, torch.cat([advantages, advantages[idx]])
-
-
-#: Offset of a continuation's group id (``with_continuations``): apart from every task's group.
-CONTINUATION_GROUP = 1 << 30
-
-#: The route pass samples with the first pass's seed + this (apart from any other step's or worker's seed).
-ROUTE_SEED_OFFSET = 1 << 40
 
 
 def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any, max_turns: int) -> None:
@@ -305,8 +191,6 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
             ep.length_cut += 1
         out = ep.env.step(comp.text)
         info = dict(out.info)
-        if isinstance(info.get("unexecuted_from"), int):
-            info["unexecuted_tokens"] = tokens_from(chat.tokenizer, list(comp.token_ids), info["unexecuted_from"])
         ep.turns.append(
             Turn(
                 action_text=comp.text,
@@ -325,26 +209,11 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         ep.images.extend(tt.image_inputs)
 
 
-def tokens_from(tokenizer: Any, token_ids: list[int], offset: int) -> int:
-    """How many of ``token_ids`` (one sampled turn) start at or after character ``offset`` of their text.
-
-    An env that acted on only the first ``offset`` characters of a turn (``info["unexecuted_from"]``,
-    e.g. a VisGym plan that ended at a wall) leaves this many trailing tokens unexecuted; Turn.info
-    records it as ``unexecuted_tokens`` for ``algorithm.mask_unexecuted``. Token j starts at
-    ``len(decode(token_ids[:j]))``. Returns 0..len(token_ids).
-    """
-    for j in range(len(token_ids)):
-        if len(tokenizer.decode(token_ids[:j])) >= offset:
-            return len(token_ids) - j
-    return 0
-
-
 def rollout_stats(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Episode-level metrics: env/{mean_turns,parse_failures,success_rate,truncated}, generate/* (a route
-    pass's tokens count in its episode's generate/mean_tokens and max_tokens; mean_seq_len is the first pass's)."""
+    """Episode-level metrics: env/{mean_turns,parse_failures,success_rate,truncated} and generate/*."""
     n = max(len(trajectories), 1)
     eps = [t.episode for t in trajectories]
-    policy_tokens = [t.num_episode_tokens for t in trajectories]
+    policy_tokens = [t.num_policy_tokens for t in trajectories]
     return {
         "env/success_rate": sum(e.success for e in eps) / n,
         "env/mean_turns": sum(len(e.turns) for e in eps) / n,

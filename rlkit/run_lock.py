@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlkit.run import ConfigError
+from rlkit.errors import ConfigError
 
 LOCK_FILE = ".rlkit_run.lock"
 

@@ -74,11 +74,11 @@ class EnvSpec(Protocol):
     eval_set_name: its name for logs and result files.
     is_eval_seed(seed): True if training must never see this seed.
 
-    Optional: render_trajectory(seed, infos) -> PIL.Image, the picture of an episode on task `seed`
-    from its per-turn `StepOutput.info` dicts (in order), for evaluation tables and reports
-    (rlkit.report.episodes); without it they show the episode's first observation image.
     Optional: stop_strings, a tuple of strings that end a policy turn as soon as its text contains one
     (the default of ``rollout.stop``; e.g. VisGym's "</answer>" for parsers that read an answer block).
+    Optional capabilities are the ``Supports*`` protocols below: the recipe checks, before any work, that
+    the env has each one its configured stages need (rlkit.recipes.capabilities), and refuses with a
+    config error naming the capability and the override that avoids it.
     """
 
     max_turns: int
@@ -139,3 +139,46 @@ class RewardFn(Protocol):
     name: str
 
     def __call__(self, episode: Episode) -> RewardOutput: ...
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optional env capabilities. An EnvSpec declares one by having its methods (structural typing: no base class
+# to inherit); ``isinstance(spec, SupportsX)`` is how the core asks. Nothing else of an env is read by the core.
+
+
+@runtime_checkable
+class SupportsDemonstrations(Protocol):
+    """A solver: ``demonstration(seed)`` -> the assistant texts of a solved episode on task ``seed``, one per
+    policy turn, in the env's own output format (replayed through ``make()`` to encode it).
+
+    Needed by the SFT warm start (``sft.enabled=true``) and the demonstration loss (``aux_loss.demo_coef > 0``).
+    A demonstration that does not solve its task within ``max_turns`` is skipped by both.
+    """
+
+    def demonstration(self, seed: int) -> list[str]: ...
+
+
+@runtime_checkable
+class SupportsGroundingQuestions(Protocol):
+    """Questions about the env's pictures, for the grounding stage of a policy that cannot read them yet.
+
+    grounding_tasks: the question kinds it offers (e.g. VisGym's "cell", "walls").
+    grounding_example(seed, task, rng): one question of kind ``task`` on task ``seed``'s picture, drawn with
+    the numpy Generator ``rng``; an object with ``image`` (PIL), ``question`` and ``answer`` (str) and,
+    optionally, ``wall_bit`` / ``bit_offsets`` for per-bit accuracy (rlkit.stages.grounding.encode_example).
+
+    Needed by the grounding stage (``grounding.enabled=true`` with a tiny policy) and ``sft.grounding_mix > 0``.
+    """
+
+    grounding_tasks: Any
+
+    def grounding_example(self, seed: int, task: str, rng: Any) -> Any: ...
+
+
+@runtime_checkable
+class SupportsTrajectoryRender(Protocol):
+    """``render_trajectory(seed, infos)`` -> a PIL image of an episode on task ``seed`` from its per-turn
+    ``StepOutput.info`` dicts, in order, for evaluation tables and reports (rlkit.report.episodes); without
+    it they show the episode's first observation image."""
+
+    def render_trajectory(self, seed: int, infos: list[dict[str, Any]]) -> Image.Image: ...

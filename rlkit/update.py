@@ -43,48 +43,15 @@ from typing import Any, Callable
 import torch
 
 from rlkit.algorithms import grpo
+from rlkit.algorithms.nll import AuxTerm, active_terms, demonstration_nll
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, to_tensor, with_continuations
+from rlkit.rollout import Trajectory, to_tensor
 
 
 def grad_clip_limit(max_grad_norm: float) -> float:
     """The ``max_norm`` for ``clip_grad_norm_``: ``algorithm.max_grad_norm``, or inf for 0 (no clipping;
     the norm is still measured and logged as policy/grad_norm)."""
     return max_grad_norm if max_grad_norm > 0 else math.inf
-
-
-LR_SCHEDULES = ("constant", "cosine")
-
-
-def warmup_schedule(schedule: str, warmup_steps: int, total_steps: int, name: str = "lr_schedule") -> Callable[[int], float]:
-    """The lr multiplier at optimizer step ``step`` (0-based): linear warmup from 1/``warmup_steps`` to 1 over
-    ``warmup_steps`` steps, then 1 (``constant``) or a half cosine from 1 to 0 at ``total_steps``
-    (``cosine``, SGDR without restarts: Loshchilov & Hutter 2017), 0 after it.
-
-    Raises: ValueError naming ``name`` on an unknown ``schedule``.
-    """
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"{name}={schedule!r}: use constant or cosine")
-    warm = max(warmup_steps, 0)
-
-    def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if schedule == "cosine":
-            progress = (step - warm) / max(total_steps - warm, 1)
-            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
-
-    return factor
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``cfg.warmup_steps`` GRPO steps, then constant or cosine to 0 at ``total_steps``.
-
-    Raises: ValueError on an unknown ``cfg.lr_schedule``.
-    """
-    factor = warmup_schedule(cfg.lr_schedule, cfg.warmup_steps, total_steps, "algorithm.lr_schedule")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def grpo_update(
@@ -96,56 +63,39 @@ def grpo_update(
     temperature: float,
     generator: torch.Generator,
     on_backward: Callable[[], None] | None = None,
-    demonstrations: list[Trajectory] | None = None,
-    route_questions: list[Trajectory] | None = None,
+    aux_terms: list[AuxTerm] | None = None,
 ) -> dict[str, float]:
     """Run the GRPO update on one step's batch; return policy/* metrics (means over optimizer steps).
 
     Args:
         policy: the Policy (``model``, ``logprobs(seqs, temperature) -> (logprobs [n, T], entropy [n, T])``,
             ``reference()`` context manager disabling the adapter).
-        trajectories: N trajectories. advantages: [N] float32 (one per sequence). A route pass's continuation
-            (rlkit.rollout, ``env.route_context=text``) is trained on as one more sequence with its trajectory's
-            advantage (``with_continuations``).
+        trajectories: N trajectories. advantages: [N] float32 (one per sequence).
         cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
         generator: seeds the mini-batch shuffle.
         on_backward: called after each micro-batch's backward (fault injection in tests).
-        demonstrations: solver demonstrations (rlkit.sft.demonstration_trajectory) for the
-            ``cfg.demo_coef`` term: ``demo_coef x`` their mean NLL per token (rlkit.sft.demonstration_nll)
-            is added to the loss of the first optimizer step (ReLIFT, Ma et al. 2025). Ignored when
-            demo_coef is 0. With no kept sequence, that step runs on the demonstrations alone.
-            Adds demo/nll (before the step) to the metrics.
-        route_questions: route questions on text (rlkit.sft.encode_route_example) for the ``cfg.route_coef``
-            term: ``route_coef x`` their mean NLL per route token, added to the first optimizer step as the
-            demonstrations' term is (its own forward: no image, other prompts). Ignored when route_coef is 0.
-            Adds route/nll (before the step) to the metrics.
+        aux_terms: supervised terms (rlkit.algorithms.nll.AuxTerm, e.g. the ``demo`` term of the solver's
+            demonstrations, ReLIFT, Ma et al. 2025): each adds ``coef x`` its sequences' mean NLL per token
+            to the loss of the first optimizer step, in order, and logs ``<name>/nll`` (before the step).
+            With no kept sequence, that step runs on the terms alone.
     """
-    trajectories, advantages = with_continuations(trajectories, advantages)
     keep = kept_sequences(trajectories, advantages, cfg)
-    demos = list(demonstrations or []) if cfg.demo_coef > 0 else []
-    routes = list(route_questions or []) if cfg.route_coef > 0 else []
-    if not keep and not demos and not routes:
+    terms = active_terms(aux_terms)
+    if not keep and not terms:
         return {"policy/skipped": 1.0}
     mini = cfg.mini_batch_size or len(keep)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     n_opt = 0
-    demo_nll = route_nll = None
+    term_nll: dict[str, float] = {}
     for _ in range(cfg.update_epochs if keep else 1):
         for batch in minibatches(trajectories, keep, mini, generator) if keep else [[]]:
             stats = _minibatch_step(policy, trajectories, advantages, batch, cfg, temperature, on_backward) if batch else {}
-            if demos and demo_nll is None:
-                from rlkit.sft import demonstration_nll
-
-                nll = demonstration_nll(policy, demos)
-                (cfg.demo_coef * nll).backward()
-                demo_nll = float(nll.detach())
-            if routes and route_nll is None:
-                from rlkit.sft import demonstration_nll
-
-                nll = demonstration_nll(policy, routes)
-                (cfg.route_coef * nll).backward()
-                route_nll = float(nll.detach())
+            if not n_opt:  # the auxiliary terms join the first optimizer step
+                for term in terms:
+                    nll = demonstration_nll(policy, term.sequences)
+                    (term.coef * nll).backward()
+                    term_nll[f"{term.name}/nll"] = float(nll.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -160,10 +110,7 @@ def grpo_update(
             n_opt += 1
     out = {k: v / n_opt for k, v in sums.items()}
     out["policy/optimizer_steps"] = float(n_opt)
-    if demo_nll is not None:
-        out["demo/nll"] = demo_nll
-    if route_nll is not None:
-        out["route/nll"] = route_nll
+    out.update(term_nll)
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
 
@@ -179,57 +126,6 @@ def kept_sequences(trajectories: list[Trajectory], advantages: torch.Tensor, cfg
     if cfg.overlong_filtering:
         keep = [i for i in keep if getattr(trajectories[i], "num_truncated_turns", 0) == 0]
     return keep
-
-
-def mask_unexecuted(trajectories: list[Trajectory]) -> int:
-    """``algorithm.mask_unexecuted``: zero, in place, the loss mask of each trajectory's unexecuted tokens.
-
-    A trajectory's last turn may carry ``info["unexecuted_tokens"]`` = k (rlkit.rollout.tokens_from): the
-    last k of its sampled tokens were never acted on by the env. They are the last k mask-1 positions
-    of ``loss_mask`` (the end-of-turn tokens after them are already 0). The turn's info then gets
-    ``unexecuted_masked`` True, so a second call masks nothing. Returns the number of tokens masked.
-    A trajectory with a route pass (rlkit.rollout) is masked in its continuation, whose route holds them.
-    """
-    masked = 0
-    for t in trajectories:
-        turns = t.episode.turns
-        t = t.continuation if getattr(t, "continuation", None) is not None else t
-        if not turns or turns[-1].info.get("unexecuted_masked"):
-            continue
-        k = int(turns[-1].info.get("unexecuted_tokens", 0))
-        if k:
-            turns[-1].info["unexecuted_masked"] = True  # once: a second call must not mask earlier tokens
-        pos = len(t.loss_mask) - 1
-        while k > 0 and pos >= 0:
-            if t.loss_mask[pos]:
-                t.loss_mask[pos] = 0
-                k -= 1
-                masked += 1
-            pos -= 1
-    return masked
-
-
-def demonstration_tasks(trajectories: list[Trajectory], group_size: int, max_successes: int = 0) -> list[int]:
-    """Seeds of the tasks the ``demo_coef`` term teaches by demonstration, in order of first appearance,
-    each once: those with a group whose ``group_size`` samples had at most ``max_successes``
-    (``algorithm.demo_max_successes``) successes (``episode.success``). 0, the default, picks the all-fail
-    tasks, the hardest ones, as ReLIFT does (Ma et al. 2025, "Learning What Reinforcement Learning Can't").
-
-    Args: trajectories: groups contiguous (``group_size`` samples each, as rlkit.rollout returns them).
-    Raises: ValueError if their number is not a multiple of group_size, or max_successes is not in
-        [0, group_size).
-    """
-    if group_size < 1 or len(trajectories) % group_size:
-        raise ValueError(f"{len(trajectories)} trajectories are not whole groups of {group_size}")
-    if not 0 <= max_successes < group_size:
-        raise ValueError(f"algorithm.demo_max_successes must be in [0, group_size={group_size}), got {max_successes}")
-    seeds: list[int] = []
-    for k in range(0, len(trajectories), group_size):
-        group = trajectories[k : k + group_size]
-        seed = group[0].episode.seed
-        if sum(bool(t.episode.success) for t in group) <= max_successes and seed not in seeds:
-            seeds.append(seed)
-    return seeds
 
 
 def minibatches(trajs: list[Trajectory], keep: list[int], mini: int, generator: torch.Generator) -> list[list[int]]:
@@ -365,10 +261,6 @@ def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tens
         logprobs, old, adv, mask,
         eps_clip_low=cfg.eps_clip_low, eps_clip_high=cfg.eps_clip_high,
         clip_ratio_c=cfg.clip_ratio_c, reduction=cfg.loss_reduction, seq_weights=w,
-        # decoupled PPO: the proximal policy is the weights this forward ran with (one optimizer step an
-        # update, checked by the backends), so its logprobs are these, detached
-        prox_logprobs=logprobs.detach() if cfg.decoupled_loss else None,
-        behav_imp_weight_cap=cfg.behav_imp_weight_cap,
     )
     ent = grpo.aggregate_loss(entropy, mask, cfg.loss_reduction, w)
     total = loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss

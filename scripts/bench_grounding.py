@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Grounding accuracy over steps, beside its blind control (issue 19).
 
-Trains the tiny policy's grounding stage (rlkit.grounding) twice from the same initial weights:
+Trains the tiny policy's grounding stage (rlkit.stages.grounding) twice from the same initial weights:
 once on the real images, once with every image replaced by one fixed image (the blind control,
 which can learn only the questions' prior). Writes per-task held-out exact-match accuracy vs step
 for both to ``<out>/grounding_curve.json`` and ``<out>/grounding_curve.png`` and prints the table.
@@ -29,7 +29,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from envs.visgym.spec import VisGymMaze  # noqa: E402
 from rlkit.config import GroundingConfig  # noqa: E402
-from rlkit.grounding import format_table, train_grounding  # noqa: E402
+from rlkit.stages.grounding import format_table, train_grounding  # noqa: E402
 from rlkit.policy import load_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--tasks", default="", help="comma-separated task names, one phase (default: the default curriculum)")
+    p.add_argument("--tasks", default="", help="comma-separated task names (default: grounding.tasks' default)")
     p.add_argument("--seed", type=int, default=0, help="weight-init seed of the tiny policy")
     p.add_argument("--env", default="visgym", help="a VisGym config of conf/env/ (its variant and cell size; the "
                    "tiny policy's image grid for it from conf/image_grid/ when there is one)")
@@ -61,7 +61,7 @@ def main() -> None:
         sizes.update(OmegaConf.to_container(OmegaConf.load(grid)))
     sizes.update(json.loads(args.tiny))
     cfg = GroundingConfig(max_steps=args.steps, eval_every=args.eval_every, batch_size=args.batch_size, lr=args.lr,
-                          curriculum=[[t for t in args.tasks.split(",") if t]] if args.tasks else GroundingConfig().curriculum, target_accuracy=2.0)  # never stop early
+                          tasks=[t for t in args.tasks.split(",") if t] if args.tasks else GroundingConfig().tasks, target_accuracy=2.0)  # never stop early
     env = VisGymMaze(variant=env_cfg.variant, cell_size=env_cfg.get("cell_size", 25))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

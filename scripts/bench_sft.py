@@ -1,4 +1,4 @@
-"""Time of one supervised warm-start step (rlkit.sft.train_sft's forward + backward + AdamW) by dtype and
+"""Time of one supervised warm-start step (rlkit.stages.sft.train_sft's forward + backward + AdamW) by dtype and
 by whether the batch's common prefix (the system prompt) runs once.
 
     python scripts/bench_sft.py                  # conf/policy/tiny_vl.yaml sizes, 32 VisGym 9x9 demonstrations
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlkit.policy import load_policy  # noqa: E402
-from rlkit.sft import demonstration_trajectories  # noqa: E402
+from rlkit.stages.sft import demonstration_trajectories  # noqa: E402
 
 VARIANTS = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
 

@@ -23,7 +23,7 @@ defaults; TRL loss_type "dapo"); AdamW lr 1e-3, betas (0.9, 0.999), no weight de
 one optimizer step per 64 completions, accumulated over 4 micro-batches of 16 sequences on both sides
 (``--trl-micro-batch 64``: TRL runs the 64 in one forward/backward instead).
 
-- rlkit: ``rlkit.backends.native.NativeRun.train_step`` itself, on the composed conf/train.yaml
+- rlkit: ``rlkit.recipes.grpo.GRPORecipe.train_step`` itself, on the composed conf/train.yaml
   (its defaults: shared-prefix update, the engine's shared prefill, sampling logprobs as old logprobs),
   overrides env=visgym (the 9x9 task TRL's side gets; the default env is the 7x7 maze), policy.dtype,
   rollout.max_new_tokens=24, group_size=8, tasks_per_step=8. generation = rollout
@@ -126,9 +126,16 @@ def rlkit_worker(args) -> dict:
     from hydra import compose, initialize_config_dir
 
     import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml builds on)
-    from rlkit.backends.native import NativeRun, _seed_everything
+    from omegaconf import OmegaConf
+
+    from rlkit.algorithms.schedules import make_scheduler
+    from rlkit.config import AuxLossConfig, SamplingConfig
+    from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
     from rlkit.policy import SamplingParams
-    from rlkit.run import instantiate_plugin, instantiate_reward
+    from rlkit.recipes.executor import ExecutorContext
+    from rlkit.recipes.grpo import GRPORecipe, _seed_everything
+    from rlkit.recipes.local import LocalExecutor
+    from rlkit.sampling import StepSampler
     from rlkit.tasks import TaskSampler
 
     torch.set_num_threads(1)
@@ -144,28 +151,40 @@ def rlkit_worker(args) -> dict:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
 
-    class BenchRun(NativeRun):
-        """NativeRun with setup() cut to what train_step reads (no warm start, logger, eval or
-        checkpoints); keeps the last step's batch for the FLOP count."""
+    class BenchExecutor(LocalExecutor):
+        """The local executor, keeping the last step's batch for the FLOP count."""
 
-        def _update(self, step, trajs, advantages, demonstrations=None):
-            self.last_batch = (trajs, advantages)
-            return super()._update(step, trajs, advantages, demonstrations)
+        def start_update(self, step, trajs, advantages, aux_terms, generator):
+            run.last_batch = (trajs, advantages)
+            return super().start_update(step, trajs, advantages, aux_terms, generator)
 
-    run = BenchRun(cfg)
+    # the recipe with setup() cut to what train_step reads (no warm start, logger, eval or checkpoints)
+    executor = BenchExecutor()
+    run = GRPORecipe(cfg, executor)
     torch.set_num_threads(1)
     _seed_everything(cfg.seed)
     run.env_spec = instantiate_plugin(cfg.env, "env")
     run.reward_fn = instantiate_reward(cfg.reward)
-    t_load = time.perf_counter()
-    run._build_policy(str(args.model_dir))  # policy (LoRA), engine, AdamW, LR scheduler, as NativeRun does
-    load_s = time.perf_counter() - t_load
     rc = run.rollout_cfg
+    t_load = time.perf_counter()
+    executor.start(ExecutorContext(  # policy (LoRA), engine, AdamW, as the recipe's setup does
+        policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=str(args.model_dir),
+        env_spec=run.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=run.algo, optim=run.optim,
+        lr=float(cfg.lr), temperature=rc.temperature if rc.temperature > 0 else 1.0, reuse_kv_cache=rc.reuse_kv_cache,
+        fixed_image_seed=None, deterministic=False, progress=run.progress))
+    run.scheduler = make_scheduler(executor.optimizer, run.optim, cfg.steps)
+    load_s = time.perf_counter() - t_load
     run.sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
                                   max_new_tokens=rc.max_new_tokens, n=1, seed=cfg.seed)
-    run.sampler = TaskSampler(cfg.seed, run.env_spec.is_eval_seed)
+    run.tasks = TaskSampler(cfg.seed, run.env_spec.is_eval_seed)
+    run.aux = to_dataclass(cfg.aux_loss, AuxLossConfig)
+    run.sampler = StepSampler(rollout=executor.rollout, reward_fn=run.reward_fn, tasks=run.tasks,
+                              demonstrations=executor.demonstrations, sampling=to_dataclass(cfg.sampling, SamplingConfig),
+                              aux=run.aux, algo=run.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step,
+                              seed=cfg.seed, steps=cfg.steps, base_sampling=run.sampling, control=None,
+                              progress=run.progress)
     run.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
-    prof = _Breakdown(run)
+    prof = _Breakdown(executor)
 
     steps = []
     for step in range(1, args.steps + 1):
@@ -187,7 +206,7 @@ def rlkit_worker(args) -> dict:
               f"update {m['timing/train']:.2f}; prompt {prompt_len} tokens, completions {m['generate/mean_tokens']:.1f} "
               f"tokens, reward {m['reward/mean']:.3f})", flush=True)
 
-    policy = run.policy
+    policy = executor.policy
     n = policy.num_parameters()
     res = {
         "side": "rlkit", "dtype": args.dtype, "steps": steps, "load_s": load_s,
@@ -196,7 +215,7 @@ def rlkit_worker(args) -> dict:
                    "group_size": cfg.group_size, "tasks_per_step": cfg.tasks_per_step, "env": _plain(cfg.env)},
         "versions": _versions(),
     }
-    res.update(update_flops(run, args))
+    res.update(update_flops(run, executor.policy, args))
     return res
 
 
@@ -245,7 +264,7 @@ class _Breakdown:
         return t
 
 
-def update_flops(run, args) -> dict:
+def update_flops(run, policy, args) -> dict:
     """FLOPs of one grpo_update on the last step's batch (FlopCounterMode; SGD lr 0 so nothing moves),
     and the matmul peak of this CPU in the run's dtype (2048^3, 1 thread, best of 5)."""
     import torch
@@ -255,9 +274,9 @@ def update_flops(run, args) -> dict:
     from scripts.bench_policy import matmul_peak
 
     trajs, adv = run.last_batch
-    opt = torch.optim.SGD(run.policy.trainable_parameters(), lr=0.0)
+    opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)
     with FlopCounterMode(display=False) as fc:
-        grpo_update(run.policy, opt, trajs, adv, run.algo, temperature=1.0, generator=torch.Generator().manual_seed(0))
+        grpo_update(policy, opt, trajs, adv, run.algo, temperature=1.0, generator=torch.Generator().manual_seed(0))
     flops = fc.get_total_flops()
     return {"update_flops": float(flops), "update_flops_method": "torch.utils.flop_counter.FlopCounterMode, one "
             "grpo_update on the last step's batch (attention counted where rlkit_sdpa runs it as matmuls; "

@@ -6,7 +6,7 @@
     python scripts/cache.py --prune --stopped-older-than 7   # also stopped builds untouched for 7 days
 
 Every build is a folder ``<cache>/{grounding,sft}/<key>`` named by the hash of what determines it
-(rlkit.sft.cache_key_inputs). A build made since the record existed keeps in its summary JSON the config its
+(rlkit.stages.cache.cache_key_inputs). A build made since the record existed keeps in its summary JSON the config its
 key hashes, the checkpoint it started from (a chain's stages name each other's keys), its torch version,
 thread count and CPU (a bf16 build rounds differently on another CPU or thread count), and when it finished;
 older builds show ``-`` there. A build stopped part-way keeps its progress in ``<key>.partial/`` until a job
@@ -67,7 +67,7 @@ def _size(path: Path) -> int:
 
 
 def _locked(lock: Path) -> bool:
-    """Whether a running build holds ``lock`` (rlkit.backends.native._file_lock: fcntl.flock)."""
+    """Whether a running build holds ``lock`` (rlkit.stages.cache.FileLock: fcntl.flock)."""
     if not lock.exists():
         return False
     with open(lock) as fh:
@@ -192,7 +192,7 @@ def prune(entries: list[Entry], stopped_days: float | None, dry_run: bool) -> in
                 print(f"would remove {e.path} ({_fmt_size(e.size)}; {why})")
                 freed += e.size
             continue
-        with open(lock, "a") as fh:  # the lock a job building this key takes (rlkit.backends.native._file_lock)
+        with open(lock, "a") as fh:  # the lock a job building this key takes (rlkit.stages.cache.FileLock)
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

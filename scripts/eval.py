@@ -61,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--twin-seed-limit", type=positive_int, default=6000,
                    help="seeds searched for twins (7x7: all 344 below 5,400; 9x9: about 7 per 6,000)")
     p.add_argument("--reading", action="store_true",
-                   help="also ask the grounding stage's questions (grounding.curriculum's last phase in the run's "
+                   help="also ask the grounding stage's questions (grounding.tasks in the run's "
                         "config, walls on the default; every task the env offers when it is []) about the "
                         "evaluation mazes' pictures and print their accuracy table, teacher-forced as "
-                        "rlkit.grounding measures it: does the policy still read after GRPO? (VisGym)")
+                        "rlkit.stages.grounding measures it: does the policy still read after GRPO? (VisGym)")
     p.add_argument("--reading-questions", type=positive_int, default=4,
                    help="questions per evaluation maze and task for --reading (each draws its own agent and goal cells)")
     p.add_argument("--reading-seed", type=non_negative_int, default=12345,
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         adapter = parse_adapter_arg(args.adapter) if args.adapter else None
         cfg = compose(args.overrides, run_dir=adapter.run_dir if adapter else None)
         env_spec = eval_env_spec(cfg)
-        tasks = reading_tasks(env_spec, cfg.grounding.get("curriculum")) if args.reading else []
+        tasks = reading_tasks(env_spec, cfg.grounding.get("tasks")) if args.reading else []
         policy = load_eval_policy(node(cfg, "policy"), adapter, args.base, args.allow_base_mismatch)
     except (AdapterError, ConfigComposeError, ConfigError, PolicyLoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -170,17 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def reading_tasks(env_spec, curriculum) -> list[str]:
-    """The grounding tasks ``--reading`` asks: the last phase of ``curriculum`` (``grounding.curriculum``), or every
-    task the env offers when it is empty or None, as the grounding stage reads it (rlkit.grounding.curriculum_phases).
-    Raises ValueError (naming the fix) for an env without grounding questions, a phase that is not a list, an empty
-    phase or a task the env does not offer."""
-    from rlkit.grounding import curriculum_phases
+def reading_tasks(env_spec, tasks) -> list[str]:
+    """The grounding tasks ``--reading`` asks: ``grounding.tasks``, or every task the env offers when it is empty or
+    None, as the grounding stage reads it (rlkit.stages.grounding.grounding_tasks). Raises ValueError (naming the
+    fix) for an env without grounding questions, a value that is not a flat list, or a task the env does not offer."""
+    from rlkit.stages.grounding import grounding_tasks
+    from rlkit.types import SupportsGroundingQuestions
 
-    if not callable(getattr(env_spec, "grounding_example", None)):
+    if not isinstance(env_spec, SupportsGroundingQuestions):
         raise ValueError(f"--reading needs an env with grounding questions (VisGym), not {type(env_spec).__name__}")
     try:
-        return curriculum_phases(env_spec, curriculum)[-1]
+        return grounding_tasks(env_spec, tasks)
     except ValueError as e:
         raise ValueError(f"--reading: {e}") from None
 
@@ -190,17 +190,17 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
     """The grounding stage's questions about the pictures of the evaluation mazes ``seeds``: ``per_maze`` questions
     of each task in ``tasks`` (``reading_tasks``; ``env_spec.grounding_example``, which draws the agent's and the
     goal's cells from one generator seeded by ``seed``, so every checkpoint asked the same tasks gets the same
-    questions), scored as rlkit.grounding scores its held-out questions (teacher-forced argmax of every answer token;
+    questions), scored as rlkit.stages.grounding scores its held-out questions (teacher-forced argmax of every answer token;
     a wall bit by its own token), ``batch_size`` questions a forward. Prints one line and the accuracy table (exact answers per task and
     ``all``, ``wall_bits`` per bit when a task asks wall bits). GRPO never asks these questions, so a policy whose
     success rises can read worse. The pictures are the real ones, also for a control=fixed_image run (a question
     about one maze on another maze's picture has no right answer).
     Returns 0, or 2 (with the message on stderr) when a question cannot be scored (two wall bits in one token of
-    the policy's tokenizer: rlkit.grounding.encode_example)."""
+    the policy's tokenizer: rlkit.stages.grounding.encode_example)."""
     import numpy as np
 
     from rlkit.controls import FixedImageEnvSpec
-    from rlkit.grounding import accuracy_table, encode_example, format_table, token_hits
+    from rlkit.stages.grounding import accuracy_table, encode_example, format_table, token_hits
 
     rng = np.random.default_rng(seed)
     try:

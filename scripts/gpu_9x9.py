@@ -56,9 +56,9 @@ from scripts.gpu_check import GPU_SIZES, Deadline, metrics_rows, run_phase  # no
 #: The 7x7 recipe's GRPO settings (conf/recipe/tiny_vl_visgym_small.yaml) as of the H200 run, applied to 9x9. The
 #: recipe has since added ``algorithm.entropy_coef=0.01`` (session 14, measured on CPU only): pass it through
 #: ``--extra`` to try it here.
-RECIPE = ["tasks_per_step=16", "group_size=8", "algorithm.lr_schedule=cosine",
-          "algorithm.dynamic_sampling_max_rounds=3", "algorithm.dynamic_sampling_adaptive_batch=true",
-          "algorithm.filter_zero_variance_groups=true", "algorithm.demo_coef=0.3",
+RECIPE = ["tasks_per_step=16", "group_size=8", "optim.lr_schedule=cosine",
+          "sampling=dapo", "sampling.max_rounds=3", "sampling.adaptive_batch=true",
+          "algorithm.filter_zero_variance_groups=true", "aux_loss.demo_coef=0.3",
           "policy.lora.include_vision=true"]
 
 

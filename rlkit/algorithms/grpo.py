@@ -22,7 +22,7 @@ Which variant this is
 * Entropy bonus: ``- entropy_coef * entropy`` added to the loss.
 * Zero-variance groups (DAPO, section 3.2): ``zero_variance_groups`` finds them; the update can drop
   them (``filter_zero_variance_groups``) and the native loop can replace them by sampling more tasks
-  (``dynamic_sampling_max_rounds``, rlkit.backends.native.NativeRun._dynamic_sampling).
+  (conf/sampling/dapo.yaml, rlkit.sampling.dynamic).
 
 Shapes: N = number of sequences (B tasks x G samples), T = padded sequence length. All per-token
 tensors are [N, T] float32, masks [N, T] (bool or 0/1), rewards and advantages [N].
@@ -151,8 +151,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
 #: policy_loss's diagnostics that are averages over policy tokens (the others are maxima or reductions):
 #: an update sums them over micro-batches weighted by each one's share of the tokens, whatever the loss
 #: reduction, so they do not depend on how a batch is cut.
-TOKEN_DIAGNOSTICS = frozenset({"clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean",
-                               "behav_weight_mean", "behav_capped_fraction"})
+TOKEN_DIAGNOSTICS = frozenset({"clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean"})
 
 
 def policy_loss(
@@ -165,8 +164,6 @@ def policy_loss(
     clip_ratio_c: float | None = None,
     reduction: LossReduction = "token_mean",
     seq_weights: torch.Tensor | None = None,
-    prox_logprobs: torch.Tensor | None = None,
-    behav_imp_weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient (PPO surrogate) loss over policy tokens.
 
@@ -180,23 +177,12 @@ def policy_loss(
         reduction: see ``aggregate_loss``.
         seq_weights: [N] sequences each row stands for (see ``aggregate_loss``); the loss and the
             diagnostics equal those of the batch with row i repeated seq_weights[i] times. None = 1 each.
-        prox_logprobs: [N, T] the proximal policy's log-probabilities (no grad), for the decoupled PPO
-            objective of asynchronous training (Fu et al. 2025, "AReaL", section 5.2): the ratio is taken
-            against the proximal policy, ``ratio = pi / pi_prox``, and each token's clipped term is
-            multiplied by the behaviour importance weight ``w = pi_prox / pi_behav`` (``old_logprobs``
-            being the behaviour policy's, detached). On-policy (prox == old) it is the plain loss.
-            None = the plain loss, the ratio against ``old_logprobs``.
-        behav_imp_weight_cap: with prox_logprobs, tokens whose w exceeds it get weight 0; they still
-            count in the reduction's token and sequence counts, so the loss does not depend on how a
-            batch is cut into micro-batches (AReaL's ``behav_imp_weight_cap``). None = no cap.
 
     Returns:
         (loss scalar, diagnostics) where diagnostics holds detached scalars:
         clip_fraction (share of policy tokens where the clipped branch was taken),
         approx_kl (mean of the k3 estimate of KL(old || new) over policy tokens, CleanRL's
-        ``approx_kl``; with prox_logprobs, KL(prox || new)), ratio_mean, ratio_max, dual_clip_fraction;
-        with prox_logprobs also behav_weight_mean, behav_weight_max (over the policy tokens before
-        the cap) and behav_capped_fraction.
+        ``approx_kl``), ratio_mean, ratio_max, dual_clip_fraction.
 
     Raises: ValueError if clip_ratio_c is set and <= 1.
     """
@@ -208,22 +194,7 @@ def policy_loss(
     w_mask = mask.to(logprobs.dtype)
     if seq_weights is not None:
         w_mask = w_mask * seq_weights.to(device=w_mask.device, dtype=w_mask.dtype).unsqueeze(-1)  # [N, T]
-    behav_weight = None
-    extra: dict[str, torch.Tensor] = {}
-    if prox_logprobs is not None:  # decoupled PPO: clip against the proximal policy, reweight to the behaviour one
-        prox = prox_logprobs.detach().to(logprobs.dtype)
-        behav_weight = (prox - old_logprobs).clamp(-20.0, 20.0).exp()  # [N, T] pi_prox / pi_behav
-        with torch.no_grad():
-            capped = (behav_weight > behav_imp_weight_cap).to(logprobs.dtype) if behav_imp_weight_cap else \
-                torch.zeros_like(behav_weight)
-            extra = {"behav_weight_mean": masked_mean(behav_weight, w_mask),
-                     "behav_weight_max": behav_weight[w_mask > 0].max() if bool(w_mask.any()) else
-                     behav_weight.new_tensor(1.0),
-                     "behav_capped_fraction": masked_mean(capped, w_mask)}
-        behav_weight = behav_weight * (1.0 - capped)  # capped tokens weigh 0 and stay in the token count (AReaL)
-        log_ratio = (logprobs - prox).clamp(-20.0, 20.0)  # [N, T]
-    else:
-        log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # [N, T]
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # [N, T]
     ratio = log_ratio.exp()  # [N, T]
     unclipped = -adv * ratio  # [N, T]
     clipped = -adv * ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high)  # [N, T]
@@ -236,8 +207,6 @@ def policy_loss(
         neg = (adv < 0).expand_as(per_token)
         dual_taken = (neg & (bound < per_token)).float()
         per_token = torch.where(neg, dual, per_token)
-    if behav_weight is not None:
-        per_token = per_token * behav_weight
     loss = aggregate_loss(per_token, mask, reduction, seq_weights)
     m = w_mask.to(per_token.dtype)
     with torch.no_grad():
@@ -249,5 +218,4 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": ratio[m > 0].max() if bool(m.any()) else ratio.new_tensor(1.0),
         }
-    diagnostics.update(extra)
     return loss, {k: v.detach() for k, v in diagnostics.items()}

@@ -193,26 +193,25 @@ class RayCluster:
 
     def update(self, trajectories: list[Any], advantages: torch.Tensor, algo: Any, temperature: float,
                generator: torch.Generator, lr: float, version: int,
-               demonstrations: list[Any] | None = None, route_questions: list[Any] | None = None) -> dict[str, float]:
+               aux_terms: list[Any] | None = None) -> dict[str, float]:
         """One GRPO update across the ranks at learning rate ``lr``, then publish ``v<version>``.
 
-        ``demonstrations``: solver demonstrations for the ``algo.demo_coef`` term, split across the
-        ranks (rlkit.distributed.update.plan_update); ``route_questions``: the ``algo.route_coef`` term's.
+        ``aux_terms``: auxiliary supervised terms (rlkit.algorithms.nll.AuxTerm), each split across the
+        ranks (rlkit.distributed.update.plan_update).
 
-        Returns: rank 0's metrics (policy/*, demo/nll with demonstrations, timing/update,
+        Returns: rank 0's metrics (policy/*, <term>/nll per active term, timing/update,
         timing/publish, sync/published_*).
         """
         return self.finish_update(self.start_update(trajectories, advantages, algo, temperature, generator, lr,
-                                                    version, demonstrations, route_questions))
+                                                    version, aux_terms))
 
     def start_update(self, trajectories: list[Any], advantages: torch.Tensor, algo: Any, temperature: float,
                      generator: torch.Generator, lr: float, version: int,
-                     demonstrations: list[Any] | None = None, route_questions: list[Any] | None = None) -> list[Any]:
+                     aux_terms: list[Any] | None = None) -> list[Any]:
         """``update``'s first half: plan the split (draws from ``generator`` now) and send every rank
         its share; returns at once with the ranks' pending results, for ``finish_update``. The
         rollout workers stay free meanwhile (backend.one_step_off_policy samples the next step then)."""
-        payloads = plan_update(trajectories, advantages, algo, len(self.trainers), generator, demonstrations,
-                               route_questions)
+        payloads = plan_update(trajectories, advantages, algo, len(self.trainers), generator, aux_terms)
         if payloads is None:
             payloads = [RankPayload(rank=r) for r in range(len(self.trainers))]
         return [t.train.remote(payloads[r], float(lr), float(temperature), int(version), algo)
@@ -262,14 +261,8 @@ class RayCluster:
             "timing/sample": max(i["rollout_s"] for i in infos),
         }
 
-    def route_questions(self, seed: int, step: int, n: int) -> list[Any]:
-        """rlkit.sft.draw_route_questions on the first rollout worker (the driver holds no policy): the
-        route_coef term's ``n`` questions of GRPO step ``step`` of a run seeded ``seed``."""
-        return _get_all([self.rollouts[0].route_questions.remote(int(seed), int(step), int(n))],
-                        what="rollout workers (route questions)")[0]
-
     def demonstrations(self, seeds: list[int]) -> list[Any]:
-        """rlkit.sft.demonstration_trajectory of each seed, built on the rollout workers (seeds split
+        """rlkit.stages.sft.demonstration_trajectory of each seed, built on the rollout workers (seeds split
         across them), in seed order; a seed whose demonstration does not solve its task is left out."""
         jobs = self._split(seeds)
         refs = [self.rollouts[j].demonstrations.remote(chunk) for j, chunk in jobs]

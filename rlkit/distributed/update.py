@@ -35,13 +35,11 @@ Here (same result, up to float summation order):
    are summed in one all-reduce before the norm is clipped (``ReplicatedRoot.reduce_gradients``).
 3. Diagnostics: each rank sums ``value * weight`` per key; an all_reduce (SUM; MAX for ``*_max``)
    gives the single-rank diagnostic of the mini-batch.
-4. The ``demo_coef`` term (ReLIFT demonstrations, rlkit.update.grpo_update): the demonstrations are
-   split across the ranks like a mini-batch (a rank without one runs a filler demonstration with
-   weight 0) and added to the first optimizer step after its GRPO micro-batches. Each rank weighs its
-   share's mean NLL per token by its share of the demonstrated tokens, so the sum over the ranks is
-   ``demo_coef`` x the mean NLL per token of all of them; the gradient sync moves to that backward.
-   The ``route_coef`` term's route questions on text (rlkit.update.grpo_update) are split and weighted the
-   same way, and their backward follows the demonstrations' (the sync then moves to it).
+4. The auxiliary terms (rlkit.algorithms.nll.AuxTerm, e.g. ReLIFT's demonstrations): each term's sequences
+   are split across the ranks like a mini-batch (a rank without one runs a filler sequence with weight 0)
+   and added to the first optimizer step after its GRPO micro-batches, term after term. Each rank weighs
+   its share's mean NLL per token by its share of the term's tokens, so the sum over the ranks is
+   ``coef`` x the mean NLL per token of all of them; the gradient sync moves to the last term's backward.
 """
 
 from __future__ import annotations
@@ -54,8 +52,9 @@ import torch
 import torch.distributed as dist
 
 from rlkit.algorithms.grpo import TOKEN_DIAGNOSTICS
+from rlkit.algorithms.nll import AuxTerm, active_terms, demonstration_nll
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, with_continuations
+from rlkit.rollout import Trajectory
 from rlkit.update import collapse_batch, kept_sequences, micro_batch_loss, minibatches, order_by_group
 
 
@@ -91,14 +90,20 @@ class RankPayload:
     steps: list[RankStep] = field(default_factory=list)
     trajectories: dict[int, Trajectory] = field(default_factory=dict)
     advantages: dict[int, float] = field(default_factory=dict)
-    #: this rank's share of the demo_coef demonstrations (trained with the first step), or one filler
-    #: demonstration when the share is empty; demo_weight: the share's demonstrated tokens over all
-    #: ranks' (0 for a filler)
-    demonstrations: list[Trajectory] = field(default_factory=list)
-    demo_weight: float = 0.0
-    #: the same for the route_coef term's route questions (module doc, step 4)
-    route_questions: list[Trajectory] = field(default_factory=list)
-    route_weight: float = 0.0
+    #: this rank's share of each auxiliary term (module doc, step 4), in the order the terms were given: a
+    #: term with an empty share holds one filler sequence of weight 0
+    aux_shares: list[RankAuxShare] = field(default_factory=list)
+
+
+@dataclass
+class RankAuxShare:
+    """One rank's share of an auxiliary term: ``sequences``, and ``weight`` = their tokens over all ranks'
+    (0 for a filler); the rank's backward is ``coef x weight x`` their mean NLL per token."""
+
+    name: str
+    coef: float
+    sequences: list[Trajectory]
+    weight: float
 
 
 def split_even(items: list[Any], parts: int) -> list[list[Any]]:
@@ -118,37 +123,29 @@ def plan_update(
     cfg: AlgorithmConfig,
     world_size: int,
     generator: torch.Generator,
-    demonstrations: list[Trajectory] | None = None,
-    route_questions: list[Trajectory] | None = None,
+    aux_terms: list[AuxTerm] | None = None,
 ) -> list[RankPayload] | None:
     """Split one step's update across ``world_size`` ranks (module doc, steps 1 and 4).
 
     Args: trajectories: N. advantages: [N] float. cfg: the algorithm config. generator: the run's
-    shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it). demonstrations:
-    the ``cfg.demo_coef`` term's (ignored when demo_coef is 0). route_questions: the ``cfg.route_coef``
-    term's (ignored when route_coef is 0), split like the demonstrations.
+    shuffle generator (consumed exactly as rlkit.update.grpo_update consumes it). aux_terms: the auxiliary
+    supervised terms (rlkit.algorithms.nll.AuxTerm; those without a positive coef or a sequence are left out),
+    each split across the ranks (module doc, step 4).
 
-    Returns: one RankPayload per rank, or None when no sequence is kept and there is no
-    demonstration or route question (the update is skipped, as grpo_update's ``policy/skipped``; the generator is not
-    drawn from). With demonstrations and no kept sequence: one optimizer step on them alone.
+    Returns: one RankPayload per rank, or None when no sequence is kept and no term is active (the update
+    is skipped, as grpo_update's ``policy/skipped``; the generator is not drawn from). With terms and no
+    kept sequence: one optimizer step on them alone.
     """
-    trajectories, advantages = with_continuations(trajectories, advantages)  # a route pass's second sequence
     keep = kept_sequences(trajectories, advantages, cfg)
-    demos = with_continuations(list(demonstrations or []))[0] if cfg.demo_coef > 0 else []
-    routes = list(route_questions or []) if cfg.route_coef > 0 else []
-    if not keep and not demos and not routes:
+    terms = active_terms(aux_terms)
+    if not keep and not terms:
         return None
     payloads = [RankPayload(rank=r) for r in range(world_size)]
-    if demos:
-        total = sum(d.num_policy_tokens for d in demos)
-        for p, share in zip(payloads, split_even(demos, world_size)):
-            p.demonstrations = share or [demos[0]]
-            p.demo_weight = sum(d.num_policy_tokens for d in share) / max(total, 1)
-    if routes:
-        total = sum(q.num_policy_tokens for q in routes)
-        for p, share in zip(payloads, split_even(routes, world_size)):
-            p.route_questions = share or [routes[0]]
-            p.route_weight = sum(q.num_policy_tokens for q in share) / max(total, 1)
+    for term in terms:
+        total = sum(q.num_policy_tokens for q in term.sequences)
+        for p, share in zip(payloads, split_even(term.sequences, world_size)):
+            p.aux_shares.append(RankAuxShare(term.name, term.coef, share or [term.sequences[0]],
+                                             sum(q.num_policy_tokens for q in share) / max(total, 1)))
     if not keep:
         for p in payloads:
             p.steps.append(RankStep([], -1, 0, 0, 0))
@@ -210,13 +207,12 @@ def sharded_grpo_update(
     shared = use_shared_prefix(policy, cfg)
     totals: dict[str, float] = {}
     n_opt = 0
-    demo_nll = route_nll = None
+    term_nll: dict[str, float] = {}
     n_micro = n_shared = 0
     for step in payload.steps:
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
-        with_demos = bool(payload.demonstrations) and demo_nll is None
-        with_routes = bool(payload.route_questions) and route_nll is None
+        aux = payload.aux_shares if n_opt == 0 else []  # the terms join the first optimizer step
         step_counts = step.counts or [1] * len(step.indices)
         chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
         count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
@@ -230,7 +226,7 @@ def sharded_grpo_update(
             seqs = [payload.trajectories[i] for i in idx]
             if collective:
                 _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
-            root.set_requires_gradient_sync(m == num_micro - 1 and not with_demos and not with_routes)
+            root.set_requires_gradient_sync(m == num_micro - 1 and not aux)
             adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
             share = shared and (not collective or _same_forwards(policy, seqs))
             total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
@@ -250,12 +246,9 @@ def sharded_grpo_update(
                     maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
                 else:  # token averages by the token share, reductions by the loss's weight
                     sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
-        if with_demos:  # the gradient sync on the last backward of the step
-            demo_nll = _nll_backward(policy, root, payload.demonstrations, cfg.demo_coef * payload.demo_weight,
-                                     payload.demo_weight, collective, sync=not with_routes)
-        if with_routes:
-            route_nll = _nll_backward(policy, root, payload.route_questions, cfg.route_coef * payload.route_weight,
-                                      payload.route_weight, collective, sync=True)
+        for k, share in enumerate(aux):  # the gradient sync on the last backward of the step
+            term_nll[f"{share.name}/nll"] = _nll_backward(policy, root, share.sequences, share.coef * share.weight,
+                                                          share.weight, collective, sync=k == len(aux) - 1)
         reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
         if reduce is not None:  # (an FSDP root reduced them in the last backward)
             reduce(params)
@@ -279,21 +272,16 @@ def sharded_grpo_update(
     out["policy/optimizer_steps"] = float(n_opt)
     if n_micro:
         out["policy/shared_prefix_fraction"] = n_shared / n_micro
-    if demo_nll is not None:
-        out["demo/nll"] = demo_nll
-    if route_nll is not None:
-        out["route/nll"] = route_nll
+    out.update(term_nll)
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
 
 
 def _nll_backward(policy: Any, root: Any, seqs: list[Trajectory], coef: float, weight: float, collective: bool,
                   sync: bool) -> float:
-    """Backward of ``coef`` x this rank's mean NLL per token of ``seqs`` (its share of the demo_coef term's
-    demonstrations or of the route_coef term's route questions: module doc, step 4), with the gradient sync
-    ``sync``; returns the mean NLL per token of all ranks' sequences (``weight``: this share's tokens over all)."""
-    from rlkit.sft import demonstration_nll
-
+    """Backward of ``coef`` x this rank's mean NLL per token of ``seqs`` (its share of an auxiliary term:
+    module doc, step 4), with the gradient sync ``sync``; returns the mean NLL per token of all ranks'
+    sequences (``weight``: this share's tokens over all)."""
     if collective:
         _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
     root.set_requires_gradient_sync(sync)

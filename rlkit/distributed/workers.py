@@ -20,13 +20,13 @@ import copy
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlkit.config import AlgorithmConfig
+from rlkit.config import AlgorithmConfig, OptimConfig
 
 
 @dataclass
@@ -34,7 +34,7 @@ class TrainerSpec:
     """What every trainer rank is built from.
 
     policy: the resolved conf/policy node as a plain dict (with ``_target_``). base_path: the SFT
-    warm start checkpoint (or None). algorithm: the GRPO config. lr: initial learning rate (the
+    warm start checkpoint (or None). algorithm: the GRPO config. optim: AdamW's settings. lr: initial learning rate (the
     driver sends each step's lr). sync_root / keep_versions: where versions are published and how
     many are kept. threads: torch intra-op threads. device_type: "cpu" | "cuda". mixed_precision:
     FSDP2 bf16/fp32 policy (GPU). dist_timeout_s: collective timeout (seconds). deterministic:
@@ -54,6 +54,7 @@ class TrainerSpec:
     dist_timeout_s: float
     deterministic: bool = False
     strategy: str = "fsdp"
+    optim: OptimConfig = field(default_factory=OptimConfig)
 
 
 @dataclass
@@ -88,7 +89,7 @@ def load_worker_policy(policy_node: dict[str, Any], base_path: str | None, **ove
     """Instantiate the policy node (as the native backend does, LoRA on) with ``overrides`` (device, dtype)."""
     from omegaconf import OmegaConf
 
-    from rlkit.run import instantiate_plugin
+    from rlkit.plugins import instantiate_plugin
 
     return instantiate_plugin(OmegaConf.create(policy_node), "policy", base_path=base_path, train_mode="lora", **overrides)
 
@@ -135,9 +136,8 @@ class TrainerWorker:
             self.root = shard_policy(self.policy, mesh, spec.mixed_precision)
         named = trainable_named_parameters(self.policy.model)
         self.params = [p for _, p in named]
-        algo = spec.algorithm
-        self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=tuple(algo.adam_betas),
-                                           weight_decay=algo.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=tuple(spec.optim.adam_betas),
+                                           weight_decay=spec.optim.weight_decay)
         peft_cfg = copy.deepcopy(self.policy.model.peft_config["default"])
         peft_cfg.inference_mode = True
         peft_cfg.base_model_name_or_path = self.policy.checkpoint
@@ -250,7 +250,7 @@ class RolloutWorker:
         from omegaconf import OmegaConf
 
         from rlkit.policy import make_engine
-        from rlkit.run import instantiate_plugin
+        from rlkit.plugins import instantiate_plugin
         from rlkit.sync import AdapterSubscriber
 
         configure_process(spec.threads, spec.deterministic)
@@ -289,18 +289,11 @@ class RolloutWorker:
         return trajs, {"load": load, "rollout_s": time.perf_counter() - t0}
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
-        """rlkit.sft.demonstration_trajectory for each seed (the adapter plays no part), in order; a
+        """rlkit.stages.sft.demonstration_trajectory for each seed (the adapter plays no part), in order; a
         seed whose demonstration does not solve its task is left out."""
-        from rlkit.sft import demonstration_trajectories
+        from rlkit.stages.sft import demonstration_trajectories
 
         return demonstration_trajectories(self.env_spec, self.policy, seeds)
-
-    def route_questions(self, seed: int, step: int, n: int) -> list[Any]:
-        """rlkit.sft.draw_route_questions: the route_coef term's ``n`` route questions of GRPO step ``step`` of a run
-        seeded ``seed`` (on text; the adapter plays no part)."""
-        from rlkit.sft import draw_route_questions
-
-        return draw_route_questions(self.env_spec, self.policy, seed, step, n)
 
     def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any], dict[str, Any]]:
         """Load ``version``, then rlkit.evaluation.evaluate on ``seeds``.

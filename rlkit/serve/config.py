@@ -81,7 +81,7 @@ def compose(overrides: Sequence[str] = (), run_dir: Path | None = None):
 def _warn_if_env_changed(cfg, run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
-    from rlkit.config import KEYS_ADDED_LATER
+    from rlkit.config import KEYS_ADDED_LATER, compat_table
 
     recorded = run_dir / ".hydra" / "config.yaml"
     if not recorded.is_file():
@@ -94,6 +94,9 @@ def _warn_if_env_changed(cfg, run_dir: Path) -> None:
     for key, value in KEYS_ADDED_LATER.items():  # a run recorded before the key existed drew what its default draws
         if key.startswith("env.") and isinstance(before, dict):
             before.setdefault(key[len("env."):], value)
+    for key, value in compat_table("removed").items():  # a removed lever's key at the value that does what runs do now
+        if key.startswith("env.") and isinstance(before, dict) and before.get(key[len("env."):], object()) == value:
+            before.pop(key[len("env."):])
     if before != now:
         log.warning("env config differs from the one run %s used: %s (run) vs %s (now)", run_dir, before, now)
 
@@ -107,6 +110,6 @@ def node(cfg, key: str) -> dict[str, Any]:
 
 def instantiate_env(cfg):
     """The EnvSpec of ``cfg.env`` (rlkit.run.instantiate_plugin: bad keys are a clear ConfigError)."""
-    from rlkit.run import instantiate_plugin
+    from rlkit.plugins import instantiate_plugin
 
     return instantiate_plugin(cfg.env, "env")

@@ -67,14 +67,8 @@ def play_episode(client, model: str, env_spec, seed: int, max_tokens: int, tempe
     (the per-task row of rlkit.evaluation plus finish reasons and tokens from ``usage``).
 
     Raises: PlayError when the endpoint answers an error (status and message included) or cannot
-    be reached, or when the env writes its route in a second pass of text alone (``env.route_context=text``,
-    rlkit.rollout: an OpenAI chat turn cannot continue an assistant message in another context; evaluate such
-    a run with scripts/eval.py).
+    be reached.
     """
-    if getattr(env_spec, "route_context", "picture") != "picture":
-        raise PlayError(f"env.route_context={env_spec.route_context}: the route pass continues the policy's notes in a "
-                        "second context of text alone, which a chat endpoint cannot be asked for; evaluate this run "
-                        "with scripts/eval.py (rlkit's own rollout), or play it with env.route_context=picture")
     import openai
 
     env = env_spec.make()

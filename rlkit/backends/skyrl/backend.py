@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.compile import SkyRLConfigError, SkyRLJob, compile_job, job_overrides
 from rlkit.backends.skyrl.settings import SkyRLSettings
-from rlkit.run import ConfigError
+from rlkit.errors import ConfigError
 
 #: SkyRL's evaluation metric that is rlkit's eval/success_rate (the env's per-episode ``success``).
 SUCCESS_METRIC = "eval/all/environment/success"

@@ -46,8 +46,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.settings import SkyRLSettings
-from rlkit.config import AlgorithmConfig, EvalConfig, RolloutConfig, SFTConfig, TrainerConfig, stop_strings
-from rlkit.run import ConfigError, instantiate_plugin, instantiate_reward, to_dataclass
+from rlkit.config import (AlgorithmConfig, AuxLossConfig, EvalConfig, OptimConfig, RolloutConfig, SamplingConfig, SFTConfig,
+                          TrainerConfig, stop_strings)
+from rlkit.errors import ConfigError
+from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
 
 #: The SkyRL release whose config schema this module targets.
 SKYRL_VERSION = "0.3.0"
@@ -148,15 +150,14 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     from rlkit.config import check_ranges
 
     problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
-    _check_unsupported(algo, trainer, sft, eval_cfg, steps, group_size, problems)
+    optim: OptimConfig = to_dataclass(cfg.optim, OptimConfig)
+    sampling: SamplingConfig = to_dataclass(cfg.sampling, SamplingConfig)
+    aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
+    _check_unsupported(algo, optim, sampling, aux, trainer, sft, eval_cfg, steps, group_size, problems)
     if cfg.get("control") is not None:
         problems.append(f"control={cfg.control}: control runs (fixed_image, shuffled_reward) are built by "
                         "backend=native, native_ray and native_ray_ddp; run the control there")
     env_spec, task = _env_and_reward(cfg)
-    if getattr(env_spec, "route_context", "picture") != "picture":
-        problems.append(f"env.route_context={env_spec.route_context}: the route pass (a second sequence of text alone) "
-                        "is rlkit's rollout; SkyRL's generator writes one sequence. Run it on backend=native or "
-                        "native_ray_ddp, or set env.route_context=picture")
     policy = _policy(cfg, problems)
     project, run_name, logger_name, skyrl_logger, env_vars = _logger(cfg, settings, problems)
 
@@ -263,11 +264,11 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
                 },
                 "optimizer_config": {
                     "lr": float(cfg.lr),
-                    "adam_betas": [float(b) for b in algo.adam_betas],
-                    "weight_decay": float(algo.weight_decay),
+                    "adam_betas": [float(b) for b in optim.adam_betas],
+                    "weight_decay": float(optim.weight_decay),
                     "max_grad_norm": float(algo.max_grad_norm),
-                    "num_warmup_steps": int(algo.warmup_steps) * opt_steps_per_step,
-                    "scheduler": _LR_SCHEDULES[algo.lr_schedule],
+                    "num_warmup_steps": int(optim.warmup_steps) * opt_steps_per_step,
+                    "scheduler": _LR_SCHEDULES[optim.lr_schedule],
                 },
                 "fsdp_config": {"cpu_offload": settings.fsdp_cpu_offload},
             },
@@ -366,7 +367,8 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
 # ------------------------------------------------------------------------------------------ the groups
 
 
-def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTConfig, eval_cfg: EvalConfig,
+def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: SamplingConfig, aux: AuxLossConfig,
+                       trainer: TrainerConfig, sft: SFTConfig, eval_cfg: EvalConfig,
                        steps: int, group_size: int, problems: list[str]) -> None:
     """Append one line per rlkit option whose value SkyRL 0.3.0 cannot honour."""
     if steps < 1:
@@ -386,50 +388,19 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
             "algorithm.filter_zero_variance_groups=true: SkyRL applies its zero_variance_filter only to "
             "response-level rewards, and its multi-turn generators return token-level rewards; set it to false"
         )
-    if algo.dynamic_sampling_max_rounds:
+    if sampling.name != "plain" or sampling.max_rounds or sampling.adaptive_batch:
         problems.append(
-            f"algorithm.dynamic_sampling_max_rounds={algo.dynamic_sampling_max_rounds}: rlkit's dynamic sampling runs "
-            "only in the native backends; set it to 0 (SkyRL has its own, trainer.algorithm.dynamic_sampling, "
-            "which rlkit does not map)"
-        )
-    if algo.decoupled_loss or algo.behav_imp_weight_cap is not None:
-        problems.append("algorithm.decoupled_loss / behav_imp_weight_cap: rlkit's decoupled PPO loss runs only in the "
-                        "native backends (SkyRL computes its own loss); set decoupled_loss=false and "
-                        "behav_imp_weight_cap=null")
-    if algo.dynamic_sampling_adaptive_batch:
-        problems.append("algorithm.dynamic_sampling_adaptive_batch=true: rlkit's dynamic sampling runs only in the "
-                        "native backends; set it to false")
-    if algo.selective_rollout_explore is not None or algo.selective_rollout_explore_hard is not None:
-        problems.append("algorithm.selective_rollout_explore / selective_rollout_explore_hard: rlkit's selective "
-                        "rollout runs only in the native backends; set them to null")
-    if algo.screening_samples:
-        problems.append(
-            f"algorithm.screening_samples={algo.screening_samples}: rlkit's screening runs only in the native "
-            "backends; set it to 0"
+            f"sampling={sampling.name}: rlkit's dynamic sampling runs only in the native backends; use sampling=plain "
+            "(SkyRL has its own, trainer.algorithm.dynamic_sampling, which rlkit does not map)"
         )
     if algo.adv_eps != SKYRL_GRPO_EPS:
         problems.append(
             f"algorithm.adv_eps={algo.adv_eps}: SkyRL's GRPO uses a fixed epsilon of {SKYRL_GRPO_EPS}; set it to {SKYRL_GRPO_EPS}"
         )
-    if algo.demo_coef != 0.0:
+    if aux.demo_coef != 0.0 or aux.demo_max_successes != 0:
         problems.append(
-            f"algorithm.demo_coef={algo.demo_coef}: the demonstration loss runs in backend=native and native_ray only "
-            "(SkyRL's trainer computes its own loss); set it to 0"
-        )
-    if algo.route_coef != 0.0:
-        problems.append(
-            f"algorithm.route_coef={algo.route_coef}: the route-question term runs in backend=native and native_ray only "
-            "(SkyRL's trainer computes its own loss); set it to 0"
-        )
-    if algo.demo_max_successes != 0:
-        problems.append(
-            f"algorithm.demo_max_successes={algo.demo_max_successes} picks the demonstration loss's tasks, which runs in "
-            "backend=native and native_ray only; set it to 0"
-        )
-    if algo.mask_unexecuted:
-        problems.append(
-            "algorithm.mask_unexecuted=true: SkyRL's generator builds its own loss masks; it runs in backend=native "
-            "and native_ray only; set it to false"
+            f"aux_loss.demo_coef={aux.demo_coef}: the auxiliary terms run in backend=native and native_ray only "
+            "(SkyRL's trainer computes its own loss); use aux_loss=none"
         )
     if algo.entropy_coef != 0.0:
         problems.append(
@@ -448,8 +419,8 @@ def _check_unsupported(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTCo
         problems.append(f"algorithm.kl_estimator={algo.kl_estimator!r}: use k1, k2 or k3")
     if algo.loss_reduction not in _LOSS_REDUCTIONS:
         problems.append(f"algorithm.loss_reduction={algo.loss_reduction!r}: use one of {sorted(_LOSS_REDUCTIONS)}")
-    if algo.lr_schedule not in _LR_SCHEDULES:
-        problems.append(f"algorithm.lr_schedule={algo.lr_schedule!r}: use constant or cosine")
+    if optim.lr_schedule not in _LR_SCHEDULES:
+        problems.append(f"optim.lr_schedule={optim.lr_schedule!r}: use constant or cosine")
     if algo.clip_ratio_c is not None and algo.clip_ratio_c <= 1.0:
         problems.append(f"algorithm.clip_ratio_c={algo.clip_ratio_c} must be > 1 (dual clip) or null")
     if trainer.resume_mode not in ("latest", "none", "from_path"):

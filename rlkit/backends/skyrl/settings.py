@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from rlkit.run import ConfigError
+from rlkit.errors import ConfigError
 
 
 @dataclass

@@ -30,14 +30,16 @@ import torch
 
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.sft import (PARTIAL_EVERY, _load_partial, _restore_training_state, _save_partial, batch_shares_prefix,
-                       build_record, partial_dir, save_stage)
+from rlkit.algorithms.nll import batch_shares_prefix
+from rlkit.stages.cache import (PARTIAL_EVERY, build_record, load_partial, partial_dir, restore_training_state,
+                                save_partial, save_stage)
+from rlkit.types import SupportsGroundingQuestions
 from rlkit.tasks import TaskSampler
 from rlkit.types import Episode
 
-#: What a grounding build's saved progress holds (rlkit.sft._load_partial refuses a save without one of them).
-_GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "phase",
-                           "phase_starts", "history", "table", "wall_time_s", "resumed_at")
+#: What a grounding build's saved progress holds (rlkit.stages.cache.load_partial refuses a save without one of them).
+_GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "history",
+                           "table", "wall_time_s", "resumed_at")
 
 WALL_BITS = "wall_bits"  #: pseudo-task in accuracy tables: "cell" questions about wall bits only
 
@@ -156,30 +158,24 @@ def draw_examples(env_spec: Any, sampler: TaskSampler, tasks: Sequence[str], n: 
     return [env_spec.grounding_example(s, t, rng) for s, t in zip(seeds, names)]
 
 
-def curriculum_phases(env_spec: Any, curriculum: Any) -> list[list[str]]:
-    """``grounding.curriculum`` as the grounding stage runs it: a list of phases, each a list of the env's grounding
-    task names; an empty or None curriculum is one phase of every task the env offers (``env_spec.grounding_tasks``).
+def grounding_tasks(env_spec: Any, tasks: Any) -> list[str]:
+    """``grounding.tasks`` as the grounding stage runs it: a list of the env's grounding task names, drawn
+    uniformly; an empty or None list is every task the env offers (``env_spec.grounding_tasks``).
 
-    Raises: ValueError naming the fix when the env offers no grounding questions (no ``grounding_example``), a phase
-    is not a list (``[walls]`` where ``[[walls]]`` was meant), a phase is empty or a task is not one the env offers."""
-    if not hasattr(env_spec, "grounding_example"):
+    Raises: ValueError naming the fix when the env offers no grounding questions (no ``grounding_example``), the
+    value is not a flat list of names, or a task is not one the env offers."""
+    if not isinstance(env_spec, SupportsGroundingQuestions):
         raise ValueError(f"{type(env_spec).__name__} offers no grounding questions (no grounding_example); "
                          "set grounding.enabled=false")
     offered = list(env_spec.grounding_tasks)
-    raw = list(curriculum or [])
-    if not all(isinstance(p, Sequence) and not isinstance(p, str) for p in raw):
-        fix = (f"write 'grounding.curriculum=[[{','.join(raw)}]]' for one phase" if all(isinstance(p, str) for p in raw)
-               else "e.g. 'grounding.curriculum=[[walls]]' or '[[cell],[walls]]'")
-        raise ValueError(f"grounding.curriculum {raw}: a list of phases, each a list of tasks: {fix}")
-    phases = [list(p) for p in raw] or [offered]
-    empty = [k + 1 for k, p in enumerate(phases) if not p]
-    if empty:
-        raise ValueError(f"grounding.curriculum {phases}: phase {empty[0]} is empty; drop it")
-    unknown = sorted({str(t) for p in phases for t in p} - set(offered))
+    raw = list(tasks or [])
+    if not all(isinstance(t, str) for t in raw):
+        raise ValueError(f"grounding.tasks {raw}: a flat list of task names, e.g. 'grounding.tasks=[walls]' or "
+                         f"'grounding.tasks=[cell,walls]' (the env offers {offered})")
+    unknown = sorted(set(raw) - set(offered))
     if unknown:
-        raise ValueError(f"grounding.curriculum {phases}: unknown task(s) {unknown}; "
-                         f"{type(env_spec).__name__} offers {offered}")
-    return phases
+        raise ValueError(f"grounding.tasks {raw}: unknown task(s) {unknown}; {type(env_spec).__name__} offers {offered}")
+    return list(dict.fromkeys(raw)) or offered
 
 
 def train_grounding(
@@ -195,8 +191,8 @@ def train_grounding(
     """Train the full policy weights on grounding questions; save to ``out_dir`` (atomically).
 
     With an ``out_dir``, a build that stops before it is done resumes where it left off, as the SFT warm start
-    does (rlkit.sft.train_sft): every ``PARTIAL_EVERY`` steps and at each check it saves its weights, AdamW
-    and warmup state, task sampler, random generators, curriculum phase and history to
+    does (rlkit.stages.sft.train_sft): every ``PARTIAL_EVERY`` steps and at each check it saves its weights, AdamW
+    and warmup state, task sampler, random generators and history to
     ``partial_dir(out_dir)``; a later call with the same ``out_dir`` (the same cache key) continues from
     there, and the finished checkpoint is the one an uninterrupted build writes (bit for bit on the same
     machine and thread count). The folder is removed once ``out_dir`` is saved; an unreadable save is
@@ -206,9 +202,7 @@ def train_grounding(
         env_spec: an EnvSpec with ``grounding_example(seed, task, rng)`` and ``grounding_tasks``.
         policy: a full-weights (not LoRA) rlkit Policy; trained in place.
         cfg: GroundingConfig (rlkit.config): max_steps, batch_size, lr, warmup_steps, eval_every,
-            val_questions, target_accuracy, curriculum, advance_accuracy, seed. The curriculum is
-            a list of phases (task lists); training moves to the next phase at the first check
-            where every task of the current one reaches ``advance_accuracy`` on held-out questions.
+            val_questions, target_accuracy, tasks (``grounding_tasks``), seed.
         out_dir: where to save the checkpoint (None: do not save; tests and controls).
         blind: the blind control: every image (training and held-out) is one fixed image.
         progress: called after every step as ``progress(step, max_steps, loss, last_table)``.
@@ -216,17 +210,16 @@ def train_grounding(
     Returns:
         A summary dict: steps, wall_time_s, blind, final (accuracy table on the held-out
         questions), history (one entry per check: step, loss, accuracy table); resumed_at (the steps
-        it resumed from) when it did; with an ``out_dir``, build (rlkit.sft.build_record(build)). Written to
+        it resumed from) when it did; with an ``out_dir``, build (rlkit.stages.cache.build_record(build)). Written to
         ``out_dir/grounding_summary.json`` when out_dir is given. Training stops early once the
         held-out ``wall_bits`` accuracy (or ``all`` when the env has no wall bits) reaches
         ``target_accuracy``.
 
     Raises:
-        ValueError: from ``curriculum_phases``: the env offers no grounding questions, or the curriculum is
-            malformed (a phase not a list, an empty phase, a task the env lacks).
+        ValueError: from ``grounding_tasks``: the env offers no grounding questions, or ``cfg.tasks`` is
+            malformed (not a flat list of names, a task the env lacks).
     """
-    phases = curriculum_phases(env_spec, cfg.curriculum)
-    all_tasks = list(dict.fromkeys(t for p in phases for t in p))
+    all_tasks = grounding_tasks(env_spec, cfg.tasks)
     t0 = time.time()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -241,33 +234,32 @@ def train_grounding(
     key = WALL_BITS if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
     history: list[dict[str, Any]] = []
     table: dict[str, float] | None = None
-    step, phase, phase_starts = 0, 0, [0]
+    step = 0
     partial = partial_dir(out_dir) if out_dir is not None else None
     elapsed, resumed_at = 0.0, []
-    st = _load_partial(partial, _GROUNDING_PARTIAL_KEYS, "grounding") if partial is not None else None
+    st = load_partial(partial, _GROUNDING_PARTIAL_KEYS, "grounding") if partial is not None else None
     if st is not None:  # an earlier build of this stage stopped: go on from its last save
-        _restore_training_state(st, policy, opt, sched, sampler)
+        restore_training_state(st, policy, opt, sched, sampler)
         rng.bit_generator.state = st["rng"]
-        step, phase, phase_starts, history, table = (st["step"], st["phase"], st["phase_starts"], st["history"],
-                                                     st["table"])
+        step, history, table = st["step"], st["history"], st["table"]
         elapsed, resumed_at = st["wall_time_s"], [*st["resumed_at"], st["step"]]
         if on_resume is not None:
             on_resume(step)
 
     def save_progress() -> None:
-        _save_partial(partial, {
+        save_partial(partial, {
             "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
             "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(), "rng": rng.bit_generator.state,
-            "step": step, "phase": phase, "phase_starts": phase_starts, "history": history, "table": table,
+            "step": step, "history": history, "table": table,
             "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
 
     policy.model.train()
     share = batch_shares_prefix(policy)
     while step < cfg.max_steps:
-        tasks = phases[phase]
-        batch = [encode_example(policy, ex, fixed) for ex in draw_examples(env_spec, sampler, tasks, cfg.batch_size, rng)]
+        batch = [encode_example(policy, ex, fixed)
+                 for ex in draw_examples(env_spec, sampler, all_tasks, cfg.batch_size, rng)]
         logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False,
-                                      shared_prefix=share)  # the system prompt once (rlkit.sft.batch_shares_prefix)
+                                      shared_prefix=share)  # the system prompt once (rlkit.algorithms.nll.batch_shares_prefix)
         mask = torch.zeros_like(logprobs)
         for i, it in enumerate(batch):
             mask[i, : len(it.trajectory.loss_mask)] = torch.tensor(it.trajectory.loss_mask, dtype=torch.float32)
@@ -282,19 +274,15 @@ def train_grounding(
         if checked:
             per_token = token_hits(policy, val_items)
             table = accuracy_table(val_items, [all(h) for h in per_token], per_token)
-            history.append({"step": step, "phase": phase, "loss": float(loss.detach()), "accuracy": table,
+            history.append({"step": step, "loss": float(loss.detach()), "accuracy": table,
                             "wall_time_s": elapsed + time.time() - t0})
         if progress is not None:
             progress(step, cfg.max_steps, float(loss.detach()), table)
-        if checked and phase + 1 < len(phases) and all(table.get(t, 0.0) >= cfg.advance_accuracy for t in tasks):
-            phase += 1
-            phase_starts.append(step)
-        elif checked and phase + 1 == len(phases) and table.get(key, 0.0) >= cfg.target_accuracy:
+        if checked and table.get(key, 0.0) >= cfg.target_accuracy:
             break
         if partial is not None and step < cfg.max_steps and (step % PARTIAL_EVERY == 0 or checked):
             save_progress()
-    summary = {"steps": step, "wall_time_s": elapsed + time.time() - t0, "blind": blind, "curriculum": phases,
-               "phase_starts": phase_starts,
+    summary = {"steps": step, "wall_time_s": elapsed + time.time() - t0, "blind": blind, "tasks": all_tasks,
                "stop_metric": key, "final": table, "history": history}
     if resumed_at:
         summary["resumed_at"] = resumed_at

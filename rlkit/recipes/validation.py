@@ -1,0 +1,137 @@
+"""What the GRPO recipe refuses before any work: values out of range or at odds with each other, and stages the
+env cannot feed. Every problem is one line naming the key and the fix; ``check_config`` raises them together
+as one ConfigError, so a user fixes them in one go instead of one per run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlkit.config import check_ranges
+from rlkit.errors import ConfigError
+from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """Every problem of a composed train config that needs no env and no model: RANGES (rlkit.config), the
+    trainer's resume and checkpoint settings, the warm start's chain, the sampling strategy and the demonstration
+    term; then the policy plug-in's own settings (``policy_problems``, which imports transformers) if nothing
+    else is wrong."""
+    problems = check_ranges(cfg)  # every typed field's valid range (rlkit.config.RANGES)
+    trainer, sft, sampling, aux = cfg.trainer, cfg.sft, cfg.sampling, cfg.aux_loss
+    if trainer.max_ckpts_to_keep < 0:
+        problems.append(f"trainer.max_ckpts_to_keep={trainer.max_ckpts_to_keep} must be an integer >= 0 (0 = keep all)")
+    if trainer.resume_mode == "from_path" and not trainer.resume_path:
+        problems.append("trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>")
+    if not cfg.policy.get("lora", {}).get("enabled", True):
+        problems.append("policy.lora.enabled=false: GRPO trains a LoRA adapter on this backend (its checkpoints, "
+                        "adapter sync and export are adapter-only), so full fine-tuning here is not supported "
+                        "(backend=skyrl runs it); the warm-start stages (grounding, sft) already train every "
+                        "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
+                        "policy.lora.rank")
+    problems += _start_from_problems(cfg)
+    if sampling.name == "plain" and (sampling.max_rounds or sampling.adaptive_batch):
+        problems.append(f"sampling.max_rounds={sampling.max_rounds} / sampling.adaptive_batch="
+                        f"{str(sampling.adaptive_batch).lower()} belong to DAPO dynamic sampling, which "
+                        "sampling=plain does not run: choose sampling=dapo, or set them to 0 / false")
+    if sampling.name == "dapo" and sampling.max_rounds < 1:
+        problems.append("sampling=dapo with sampling.max_rounds=0 samples no extra round: set sampling.max_rounds "
+                        ">= 1, or sampling=plain")
+    m = aux.demo_max_successes
+    if m >= cfg.group_size >= 2:  # (a group_size below 2 is refused by its own range)
+        problems.append(f"aux_loss.demo_max_successes={m}: a group of group_size={cfg.group_size} with that many "
+                        f"successes has nothing left to demonstrate; use 0 (only all-fail tasks) .. {cfg.group_size - 1}")
+    elif m > 0 and aux.demo_coef == 0.0:
+        problems.append(f"aux_loss.demo_max_successes={m} picks the tasks of the demonstration loss, which is off "
+                        "(aux_loss.demo_coef=0): set demo_coef > 0 (aux_loss=relift), or demo_max_successes to 0")
+    if not problems:  # last: it imports transformers (3 s), which a config refused for another reason need not wait for
+        problems = policy_problems(cfg.policy)
+    return problems
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise one ConfigError with every ``config_problems`` of ``cfg`` (none: return)."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} bad values: " + "; ".join(problems))
+
+
+def _start_from_problems(cfg: DictConfig) -> list[str]:
+    """``sft.start_from_env`` / ``sft.start_from_experiment``: a name that is not a config, both set, or set with
+    a ``policy.path`` that names another start."""
+    sft, problems = cfg.sft, []
+    env_name, exp_name = sft.start_from_env, sft.start_from_experiment
+    if not sft.enabled or not (env_name or exp_name):
+        return problems
+    for key, name, group in (("start_from_env", env_name, "env"), ("start_from_experiment", exp_name, "experiment")):
+        options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+        if name and options and name not in options:
+            problems.append(f"sft.{key}={name!r} is not an {group} config: use one of {', '.join(options)}, or null")
+    if env_name and exp_name:
+        problems.append(f"sft.start_from_env={env_name} and sft.start_from_experiment={exp_name} both name a warm "
+                        "start to start from: set one of them, the other null")
+    if cfg.policy.get("path") is not None:
+        key, name = ("start_from_env", env_name) if env_name else ("start_from_experiment", exp_name)
+        problems.append(f"sft.{key}={name} starts the warm start from another job's warm start of policy.tiny, but "
+                        f"policy.path={cfg.policy.path} names a checkpoint to start from: drop one of them")
+    return problems
+
+
+def policy_problems(policy: Any) -> list[str]:
+    """What is wrong with ``policy`` (rlkit.policy.PolicyConfig.validate: dtype, device name, LoRA and tiny sizes,
+    unknown keys; image pixel bounds that exclude each other), found before any build. Another policy plug-in
+    than rlkit's checks its own settings."""
+    from rlkit.policy.policy import PolicyConfig
+
+    node = OmegaConf.to_container(policy, resolve=True)
+    if node.get("_target_") != "rlkit.policy.load_policy":
+        return []
+    try:
+        pc = PolicyConfig.from_dict(node)
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    problems = []  # (the device is not checked here: backend=native_ray loads the policy on GPU workers)
+    for where, lo, hi in (("policy", pc.image_min_pixels, pc.image_max_pixels),
+                          ("policy.tiny", getattr(pc.tiny, "image_min_pixels", None),
+                           getattr(pc.tiny, "image_max_pixels", None))):
+        if lo is not None and hi is not None and lo > hi:
+            problems.append(f"{where}.image_min_pixels={lo} > {where}.image_max_pixels={hi}: the image processor's "
+                            "resize bounds exclude each other; raise the max or lower the min")
+    if pc.tiny is not None and pc.image_max_pixels is not None and pc.image_min_pixels is None \
+            and pc.tiny.image_min_pixels > pc.image_max_pixels:
+        problems.append(f"policy.image_max_pixels={pc.image_max_pixels} is below the tiny build's "
+                        f"policy.tiny.image_min_pixels={pc.tiny.image_min_pixels}; raise it or lower that")
+    return problems
+
+
+def capability_problems(cfg: DictConfig, env_spec: Any) -> list[str]:
+    """The stages and terms this config turns on that the env cannot feed (rlkit.types' ``Supports*``
+    capabilities), each with the override that avoids it (docs/adding-an-env.md says how to add one)."""
+    name = f"env {cfg.env.get('name') or type(env_spec).__name__} ({type(env_spec).__name__})"
+    problems = []
+    demos = isinstance(env_spec, SupportsDemonstrations)
+    if cfg.sft.enabled and not demos:
+        problems.append(f"{name} has no solver (demonstration(seed), rlkit.types.SupportsDemonstrations), which the "
+                        "SFT warm start needs: set sft.enabled=false (GRPO then starts from policy.path or the "
+                        "untrained policy), or give the env a demonstration(seed) method")
+    if cfg.aux_loss.demo_coef > 0 and not demos:
+        problems.append(f"{name} has no solver (demonstration(seed), rlkit.types.SupportsDemonstrations), which the "
+                        f"demonstration loss (aux_loss.demo_coef={cfg.aux_loss.demo_coef}) needs: set aux_loss=none")
+    questions = isinstance(env_spec, SupportsGroundingQuestions)
+    starts_elsewhere = cfg.sft.enabled and (cfg.sft.start_from_env or cfg.sft.start_from_experiment)
+    if cfg.grounding.enabled and cfg.policy.get("path") is None and not starts_elsewhere and not questions:
+        problems.append(f"{name} asks no grounding questions (grounding_example, rlkit.types."
+                        "SupportsGroundingQuestions), which the grounding stage needs: set grounding.enabled=false")
+    if cfg.sft.enabled and int(cfg.sft.grounding_mix or 0) > 0 and not questions:
+        problems.append(f"{name} asks no grounding questions (rlkit.types.SupportsGroundingQuestions), which "
+                        f"sft.grounding_mix={cfg.sft.grounding_mix} mixes into the warm start: set sft.grounding_mix=0")
+    if cfg.get("control") == "fixed_image":
+        first = env_spec.make().reset(env_spec.eval_seeds()[0])
+        if not first.images:
+            problems.append(f"control=fixed_image: {name}'s observations have no image to fix; use "
+                            "control=shuffled_reward")
+    return problems

@@ -1,0 +1,14 @@
+"""How a GRPO step's batch is drawn: tasks, rollouts, rewards, group advantages and the auxiliary terms' data.
+
+``StepSampler.sample(step)`` is the sampling half of one step (rlkit.recipes.grpo calls it, then the update).
+The strategy is chosen by config (conf/sampling/): ``plain`` rolls out ``tasks_per_step`` new training tasks x
+``group_size`` samples; ``dapo`` is DAPO's dynamic sampling (rlkit.sampling.dynamic). With
+``aux_loss.demo_coef > 0`` the step also carries the solver's demonstrations of the tasks no sample solved
+(rlkit.sampling.demos). The sampler reads no policy weights itself: it samples through the ``rollout`` callable
+it is given, with the adapter version that callable chooses, so a backend can sample step s + 1 while step s's
+update runs.
+"""
+
+from rlkit.sampling.step import SampledBatch, StepSampler
+
+__all__ = ["SampledBatch", "StepSampler"]
