@@ -13,7 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import ConfigError
 from rlkit.rollout import Trajectory, rollout
+from rlkit.tasks import training_sampler
 from rlkit.types import EnvSpec
 
 
@@ -78,3 +80,22 @@ def write_outcomes(path: Path, eval_set: str, step: int, metrics: dict[str, floa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"eval_set": eval_set, "step": step, "metrics": metrics, "tasks": per_task}, indent=1))
+
+
+def task_sets(env_spec: Any, eval_cfg: Any, seed: int, pool: int | None) -> tuple[list[int], list[int]]:
+    """A run's evaluation tasks: ``eval.num_tasks`` of the env's fixed set (None: all of it), and the trained-on
+    ones for ``eval.seen_tasks``: the first N distinct seeds of the run's training stream (rlkit.tasks), so greedy
+    success on them is success on tasks it trains on. Raises: ConfigError for a count out of range."""
+    seeds, n_eval = env_spec.eval_seeds(), eval_cfg.num_tasks
+    if n_eval is not None and not 1 <= n_eval <= len(seeds):
+        raise ConfigError(f"eval.num_tasks={n_eval}: use null (all) or 1..{len(seeds)} "
+                          f"(the size of {env_spec.eval_set_name})")
+    n_seen = eval_cfg.seen_tasks or 0
+    if n_seen and pool is not None and n_seen > pool:
+        raise ConfigError(f"eval.seen_tasks={n_seen} is more than the train_tasks={pool} the run trains on; "
+                          f"use eval.seen_tasks <= {pool}")
+    seen: dict[int, None] = {}  # insertion-ordered set: the stream's order, a repeated seed once
+    stream = training_sampler(env_spec, seed, pool_size=pool)
+    while len(seen) < n_seen:
+        seen.update(dict.fromkeys(stream.sample(n_seen - len(seen))))
+    return (seeds[:n_eval] if n_eval else seeds), list(seen)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlkit.types import Episode, EnvSpec, Turn
+from rlkit.types import EnvSpec, Episode, Turn
 
 
 @dataclass

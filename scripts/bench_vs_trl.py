@@ -91,7 +91,6 @@ def workload(args) -> dict:
 def task_seeds(n: int, seed: int = 0) -> list[int]:
     """The first ``n`` training task seeds of rlkit's TaskSampler(seed) (never eval seeds): rlkit's
     train_step draws them tasks_per_step at a time; TRL's dataset holds them in the same order."""
-    from envs.visgym import VisGymMaze
     from rlkit.tasks import TaskSampler
 
     return TaskSampler(seed, make_env_spec().is_eval_seed).sample(n)
@@ -124,16 +123,16 @@ def build_model(model_dir: Path) -> Path:
 def rlkit_worker(args) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
-
-    import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml builds on)
     from omegaconf import OmegaConf
 
+    import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml builds on)
     from rlkit.algorithms.schedules import make_scheduler
     from rlkit.config import AuxLossConfig, SamplingConfig
     from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
     from rlkit.policy import SamplingParams
+    from rlkit.recipes.common import seed_everything as _seed_everything
     from rlkit.recipes.executor import ExecutorContext
-    from rlkit.recipes.grpo import GRPORecipe, _seed_everything
+    from rlkit.recipes.grpo import GRPORecipe
     from rlkit.recipes.local import LocalExecutor
     from rlkit.sampling import StepSampler
     from rlkit.tasks import TaskSampler
@@ -405,7 +404,8 @@ def trl_worker(args) -> dict:
     trainer.train()
     model = trainer.model
     first = next(p for n, p in model.named_parameters() if "lora_" not in n)
-    import accelerate, trl  # noqa: E401
+    import accelerate  # noqa: E401
+    import trl
 
     return {
         "side": "trl", "dtype": args.dtype, "steps": steps, "load_s": load_s,

@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 import torch
 
-
 LR_SCHEDULES = ("constant", "cosine")
 
 

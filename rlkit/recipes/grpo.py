@@ -14,39 +14,48 @@ rlkit.recipes.validation's.
 from __future__ import annotations
 
 import json
-import logging
 import platform
-import random
 import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit import resume
 from rlkit.algorithms.nll import AuxTerm
 from rlkit.algorithms.schedules import make_scheduler
-from rlkit.config import (AlgorithmConfig, AuxLossConfig, EvalConfig, OptimConfig, RolloutConfig, SamplingConfig,
-                          TrainerConfig, stop_strings)
+from rlkit.config import (
+    AlgorithmConfig,
+    AuxLossConfig,
+    EvalConfig,
+    OptimConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TrainerConfig,
+    stop_strings,
+)
 from rlkit.console import Progress
+from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
 from rlkit.errors import ConfigError
-from rlkit.evaluation import write_outcomes
+from rlkit.evaluation import task_sets, write_outcomes
 from rlkit.faults import maybe_crash
 from rlkit.loggers import MetricsFile
+from rlkit.metrics_export import with_cluster_metrics
 from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
+from rlkit.policy import SamplingParams
+from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config
+from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
+from rlkit.run import accept_run_config
 from rlkit.sampling import SampledBatch, StepSampler
 from rlkit.stages import warm_start as ws
+from rlkit.stages.cache import prompt_fingerprint
 from rlkit.tasks import training_sampler
-
-log = logging.getLogger(__name__)
 
 
 class GRPORecipe:
@@ -84,20 +93,16 @@ class GRPORecipe:
         torch.set_num_threads(threads)
         if self.trainer.deterministic:
             torch.use_deterministic_algorithms(True)
-        _seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
         self.env_spec = instantiate_plugin(cfg.env, "env")
         self.reward_fn = instantiate_reward(cfg.reward)  # GuardedReward: time limit and on_error
-        from rlkit.metrics_export import with_cluster_metrics
-
         self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))  # its keys checked before builds
-        self.eval_seeds, self.seen_seeds = self._task_sets()
+        self.eval_seeds, self.seen_seeds = task_sets(self.env_spec, self.eval_cfg, cfg.seed, cfg.get("train_tasks"))
         problems = capability_problems(cfg, self.env_spec)
         job = ws.make_job(cfg, self.env_spec)
         problem = ws.grounding_problem(job)
         if problems or problem:
             raise ConfigError("; ".join(problems + ([problem] if problem else [])))
-        from rlkit.policy import SamplingParams
-
         self.stop = stop_strings(self.rollout_cfg, self.env_spec)
         r = self.rollout_cfg
         try:  # sampling settings are checked before the warm start
@@ -114,8 +119,6 @@ class GRPORecipe:
         # control starts from the same policy); the Ray rollout workers wrap their own envs with it
         self.fixed_image_seed = None
         if cfg.get("control") == "fixed_image":
-            from rlkit.controls import fixed_image_seed
-
             self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
         self.executor.start(ExecutorContext(
             policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=self.base_path,
@@ -126,8 +129,6 @@ class GRPORecipe:
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
         ws.check_answer_fits(job, self.executor.tokenizer or cfg.policy.get("path"))
         if self.fixed_image_seed is not None:
-            from rlkit.controls import FixedImageEnvSpec
-
             self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
             self.executor.ctx.env_spec = self.env_spec
             self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
@@ -146,29 +147,12 @@ class GRPORecipe:
         self._resume(resume_from)
         self.executor.after_setup(self.state.step)
         self.state.run_id = self.logger.start(
-            self.out, OmegaConf.to_container(cfg, resolve=True), run_name=_run_name(), group=_sweep_group(),
+            self.out, OmegaConf.to_container(cfg, resolve=True), run_name=run_name(), group=sweep_group(),
             resume_id=self.state.run_id, resume_step=self.state.step)
         if self.state.step > 0 and hasattr(self.logger, "resume_history"):
             # a crash loses the sink's last rows and the resumed run re-does the steps after the checkpoint:
             # let it match metrics.jsonl (already cut back to the checkpoint) first
             self.logger.resume_history(self.metrics_file.read(), self.state.step)
-
-    def _task_sets(self) -> tuple[list[int], list[int]]:
-        """The evaluation tasks (``eval.num_tasks`` of the env's fixed set) and the trained-on ones
-        (``eval.seen_tasks``: the first N distinct seeds of the run's training stream)."""
-        seeds, n_eval = self.env_spec.eval_seeds(), self.eval_cfg.num_tasks
-        if n_eval is not None and not 1 <= n_eval <= len(seeds):
-            raise ConfigError(f"eval.num_tasks={n_eval}: use null (all) or 1..{len(seeds)} "
-                              f"(the size of {self.env_spec.eval_set_name})")
-        n_seen, pool = self.eval_cfg.seen_tasks, self.cfg.get("train_tasks")
-        if n_seen and pool is not None and n_seen > pool:
-            raise ConfigError(f"eval.seen_tasks={n_seen} is more than the train_tasks={pool} the run trains on; "
-                              f"use eval.seen_tasks <= {pool}")
-        seen: dict[int, None] = {}  # insertion-ordered set: the stream's order, a repeated seed once
-        stream = training_sampler(self.env_spec, self.cfg.seed, pool_size=pool)
-        while len(seen) < (n_seen or 0):
-            seen.update(dict.fromkeys(stream.sample(n_seen - len(seen))))
-        return (seeds[:n_eval] if n_eval else seeds), list(seen)
 
     def _warm_start(self, job: ws.WarmStartJob, resume_from: Path | None, threads: int) -> str | None:
         """The checkpoint GRPO starts from: the one a resumed run's adapter was trained on, else the warm start
@@ -177,8 +161,6 @@ class GRPORecipe:
         builds = cfg.sft.enabled or (cfg.grounding.enabled and cfg.policy.get("path") is None)
         if builds:  # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds
             ws.check_answer_fits(job, ws.tokenizer_before_builds(cfg.policy))
-        from rlkit.stages.cache import prompt_fingerprint
-
         recorded = (resume.recorded_base(resume_from, cfg.paths.cache_dir, prompt_fingerprint(self.env_spec),
                                          self.progress.say) if resume_from is not None and builds else None)
         if recorded is not None:  # the adapter goes back on the weights it was trained on, whatever keys them now
@@ -201,8 +183,6 @@ class GRPORecipe:
     def _resume(self, path: Path | None) -> None:
         """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run.accept_run_config):
         its settings checked, its builds done, and nothing of it written into the folder yet."""
-        from rlkit.run import accept_run_config
-
         accept_run_config(self.out)
         if path is None:
             self.progress.say("starting fresh (no checkpoint to resume from)")
@@ -275,8 +255,6 @@ class GRPORecipe:
     def _eval(self, step: int, tag: str) -> dict[str, float]:
         """Greedy success on the fixed evaluation set (and on ``eval.seen_tasks`` trained-on tasks) after ``step``
         updates; eval/*.json per task; the first 8 tasks' episodes as a table."""
-        from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
-
         t0 = time.time()
         with self.progress.phase("eval", step=step, total=self.cfg.steps, detail=f"{len(self.eval_seeds)} tasks"):
             metrics, per_task, trajs = self.executor.evaluate(
@@ -382,7 +360,7 @@ class GRPORecipe:
             "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
             "setup_time_s": round(setup_s, 2),
             "warm_start_dir": self.base_path,
-            "overrides": _run_name(),
+            "overrides": run_name(),
             "wandb_run_id": self.state.run_id,
             "host": platform.node(),
         }
@@ -393,27 +371,3 @@ class GRPORecipe:
                           + (f"on {len(self.seen_seeds)} trained-on tasks {result['eval_seen_success_after']:.1%}; "
                              if seen else "") + f"adapter: {self.out / 'adapter'}")
         return result
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _run_name() -> str:
-    try:
-        overrides = HydraConfig.get().overrides.task
-    except ValueError:
-        return "run"
-    return ",".join(overrides) or "default"
-
-
-def _sweep_group() -> str | None:
-    try:
-        hc = HydraConfig.get()
-    except ValueError:
-        return None
-    if str(hc.mode) == "RunMode.MULTIRUN":
-        return "sweep-" + Path(hc.sweep.dir).name
-    return None

@@ -15,8 +15,10 @@ from rlkit.algorithms.nll import AuxTerm
 from rlkit.evaluation import evaluate
 from rlkit.faults import maybe_crash
 from rlkit.plugins import instantiate_plugin
+from rlkit.policy import make_engine
 from rlkit.recipes.executor import ExecutorContext
 from rlkit.rollout import rollout
+from rlkit.stages.sft import demonstration_trajectories
 from rlkit.update import grpo_update
 
 
@@ -31,8 +33,6 @@ class LocalExecutor:
 
     def start(self, ctx: ExecutorContext) -> None:
         """Build the policy (LoRA on the warm start at ``ctx.base_path``), its engine and AdamW."""
-        from rlkit.policy import make_engine
-
         self.ctx = ctx
         self.policy = instantiate_plugin(ctx.policy_cfg, "policy", base_path=ctx.base_path, train_mode="lora")
         self.engine = make_engine(self.policy, reuse_kv=ctx.reuse_kv_cache)
@@ -52,8 +52,6 @@ class LocalExecutor:
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """The solver's demonstration trajectory of each seed, the unsolved ones left out."""
-        from rlkit.stages.sft import demonstration_trajectories
-
         return demonstration_trajectories(self.ctx.env_spec, self.policy, seeds)
 
     def start_update(self, step: int, trajectories: list[Any], advantages: torch.Tensor, aux_terms: list[AuxTerm],

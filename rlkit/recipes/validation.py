@@ -22,7 +22,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     term; then the policy plug-in's own settings (``policy_problems``, which imports transformers) if nothing
     else is wrong."""
     problems = check_ranges(cfg)  # every typed field's valid range (rlkit.config.RANGES)
-    trainer, sft, sampling, aux = cfg.trainer, cfg.sft, cfg.sampling, cfg.aux_loss
+    trainer, sampling, aux = cfg.trainer, cfg.sampling, cfg.aux_loss
     if trainer.max_ckpts_to_keep < 0:
         problems.append(f"trainer.max_ckpts_to_keep={trainer.max_ckpts_to_keep} must be an integer >= 0 (0 = keep all)")
     if trainer.resume_mode == "from_path" and not trainer.resume_path:

@@ -10,6 +10,7 @@ import torch
 
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
 from rlkit.config import AlgorithmConfig, AuxLossConfig, SamplingConfig
+from rlkit.controls import shuffle_rewards
 from rlkit.faults import maybe_crash
 from rlkit.rollout import rollout_stats
 from rlkit.sampling.demos import demonstration_tasks
@@ -110,8 +111,6 @@ class StepSampler:
                 next_round=lambda s, sp, seeds: self._round(s, sp, timing, seeds))
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         if self.control == "shuffled_reward":  # advantages that say nothing (rlkit/controls.py)
-            from rlkit.controls import shuffle_rewards
-
             rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(self.seed * 1_000_003 + step))
         advantages = (group_advantages(rewards, g, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [N]
                       if len(rewards) else torch.zeros(0))

@@ -28,14 +28,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from rlkit.algorithms.nll import batch_shares_prefix
 from rlkit.policy.logprobs import banned_mask, sequence_batch
 from rlkit.rollout import Trajectory
-from rlkit.algorithms.nll import batch_shares_prefix
-from rlkit.stages.cache import (PARTIAL_EVERY, build_record, load_partial, partial_dir, restore_training_state,
-                                save_partial, save_stage)
-from rlkit.types import SupportsGroundingQuestions
+from rlkit.stages.cache import (
+    PARTIAL_EVERY,
+    build_record,
+    load_partial,
+    partial_dir,
+    restore_training_state,
+    save_partial,
+    save_stage,
+)
 from rlkit.tasks import TaskSampler
-from rlkit.types import Episode
+from rlkit.types import Episode, SupportsGroundingQuestions
 
 #: What a grounding build's saved progress holds (rlkit.stages.cache.load_partial refuses a save without one of them).
 _GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "history",

@@ -34,10 +34,17 @@ from rlkit.algorithms.schedules import warmup_schedule
 from rlkit.config import SFTConfig
 from rlkit.evaluation import evaluate
 from rlkit.rollout import Trajectory
+from rlkit.stages.cache import (
+    PARTIAL_EVERY,
+    build_record,
+    load_partial,
+    partial_dir,
+    restore_training_state,
+    save_partial,
+    save_stage,
+)
 from rlkit.tasks import TaskSampler, training_sampler
-from rlkit.types import Episode, EnvSpec, SupportsDemonstrations, SupportsGroundingQuestions
-from rlkit.stages.cache import (PARTIAL_EVERY, build_record, load_partial, partial_dir, restore_training_state,
-                                save_partial, save_stage)
+from rlkit.types import EnvSpec, Episode, SupportsDemonstrations, SupportsGroundingQuestions
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlkit.config import SFTConfig, stop_strings
+from rlkit.config import GroundingConfig, SFTConfig, stop_strings
 from rlkit.errors import ConfigError
+from rlkit.plugins import compose_train, instantiate_plugin
 from rlkit.stages.cache import FileLock, cache_key_inputs, cache_key_of, partial_dir, prompt_fingerprint
+from rlkit.stages.grounding import format_table, grounding_tasks, train_grounding
+from rlkit.stages.sft import longest_demonstration, sft_stage_config, sft_stage_configs, train_sft
 from rlkit.types import SupportsGroundingQuestions
 
 
@@ -77,8 +80,6 @@ def grounding_key_config(grounding: Any) -> dict[str, Any]:
 
 def grounding_task_list(job: WarmStartJob) -> list[str]:
     """The grounding tasks the job's builds ask (rlkit.stages.grounding.grounding_tasks). Raises ValueError."""
-    from rlkit.stages.grounding import grounding_tasks
-
     return grounding_tasks(job.env_spec, job.cfg.grounding.get("tasks"))
 
 
@@ -87,8 +88,6 @@ def grounding_problem(job: WarmStartJob) -> str | None:
     warm start's ``sft.grounding_mix``), or None."""
     cfg = job.cfg
     grounds = cfg.grounding.enabled and cfg.policy.get("path") is None and not (cfg.sft.enabled and job.start_from)
-    from rlkit.stages.sft import sft_stage_configs
-
     stages = sft_stage_configs(cfg.sft) if cfg.sft.enabled else []
     mixes = isinstance(job.env_spec, SupportsGroundingQuestions) and any(int(st.get("grounding_mix") or 0) > 0
                                                                         for st in stages)
@@ -121,8 +120,6 @@ def check_answer_fits(job: WarmStartJob, tokenizer: Any) -> None:
     ``rollout.max_new_tokens``: such an answer would be cut, so the task would count as failed however well the
     policy learned it. ``tokenizer``: the policy's, or a checkpoint folder to load it from; None or a hub name
     skips the check."""
-    from rlkit.stages.sft import longest_demonstration
-
     if isinstance(tokenizer, (str, os.PathLike)):
         if not Path(tokenizer).is_dir():
             return
@@ -157,8 +154,6 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
     back to a job already in it, an experiment's ``policy.tiny`` differs from this job's (it would change
     nothing), or a job of the chain refuses its config (the message names the chain).
     """
-    from rlkit.plugins import compose_train, instantiate_plugin
-
     chain, plan = [job], [job]
     outer = job
     holdout = (getattr(outer.env_spec, "eval_set_name", None), outer.cfg.env.get("holdout"))
@@ -253,9 +248,6 @@ def grounded_base(job: WarmStartJob, progress: Any) -> str | None:
     None when grounding is off or the policy is not a tiny build (a pretrained checkpoint already reads images).
     Cached under ``paths.cache_dir/grounding/<key>``, built under a file lock and saved atomically.
     """
-    from rlkit.plugins import instantiate_plugin
-    from rlkit.stages.grounding import format_table, train_grounding
-
     cfg = job.cfg
     if not cfg.grounding.enabled or cfg.policy.get("path") is not None:
         return None
@@ -271,8 +263,6 @@ def grounded_base(job: WarmStartJob, progress: Any) -> str | None:
             return str(out_dir)
         progress.say(f"grounding: building {out_dir} (cached for later runs)")
         base = instantiate_plugin(cfg.policy, "policy", base_path=None, train_mode="full")
-        from rlkit.config import GroundingConfig
-
         gcfg = GroundingConfig(**OmegaConf.to_container(cfg.grounding, resolve=True))
         summary = train_grounding(job.env_spec, base, gcfg, out_dir, progress=progress.grounding,
                                   build={"stage": "grounding", "inputs": inputs},
@@ -297,8 +287,6 @@ def build_warm_start(plan: list[WarmStartJob], progress: Any) -> str:
 def _job_warm_start(job: WarmStartJob, start: str | None, progress: Any) -> str:
     """The job's warm start: its first stage from ``start`` (the previous job's warm start) or from its grounded
     base, then each later stage (``sft.stages``) from the stage before."""
-    from rlkit.stages.sft import sft_stage_config, sft_stage_configs
-
     cfg = job.cfg
     stages = sft_stage_configs(cfg.sft)
     sft_key = sft_stage_config(cfg.sft)
@@ -340,9 +328,6 @@ def _sft_stage(job: WarmStartJob, out_dir: Path, base_path: str | None, sft_cfg:
     reuse it when its summary is there; under a file lock, saved atomically. ``policy_cfg``: the policy config to
     load it with (None: the job's); ``build``: what the summary records of how it was built."""
     from rlkit.policy import SamplingParams, make_engine
-    from rlkit.plugins import instantiate_plugin
-    from rlkit.stages.sft import train_sft
-
     cfg = job.cfg
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(out_dir.with_suffix(".lock")):

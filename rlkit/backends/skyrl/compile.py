@@ -46,8 +46,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.backends.skyrl.settings import SkyRLSettings
-from rlkit.config import (AlgorithmConfig, AuxLossConfig, EvalConfig, OptimConfig, RolloutConfig, SamplingConfig, SFTConfig,
-                          TrainerConfig, stop_strings)
+from rlkit.config import (
+    AlgorithmConfig,
+    AuxLossConfig,
+    EvalConfig,
+    OptimConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SFTConfig,
+    TrainerConfig,
+    stop_strings,
+)
 from rlkit.errors import ConfigError
 from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
 

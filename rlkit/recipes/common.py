@@ -1,0 +1,37 @@
+"""Small pieces every recipe uses: seeding the global RNGs, the run's name and sweep group for the loggers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs with the run's ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_name() -> str:
+    """The job's Hydra overrides joined by commas ("default" without any; "run" outside a Hydra job)."""
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:
+        return "run"
+    return ",".join(overrides) or "default"
+
+
+def sweep_group() -> str | None:
+    """``sweep-<sweep dir name>`` in a multirun (the loggers group a sweep's jobs by it), else None."""
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return None
+    if str(hc.mode) == "RunMode.MULTIRUN":
+        return "sweep-" + Path(hc.sweep.dir).name
+    return None
