@@ -116,7 +116,7 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     Returns None when the demonstration does not solve the task within the env's budget (e.g. a
     training maze whose shortest path is longer than the step budget): such tasks are skipped.
     """
-    chat, tok = policy.chat, policy.tokenizer
+    chat = policy.chat
     env = env_spec.make()
     texts = env_spec.demonstration(seed)
     obs = env.reset(seed)
