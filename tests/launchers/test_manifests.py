@@ -26,7 +26,8 @@ REQUIRED = ["image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rlkit:0.1",
 @pytest.fixture(scope="module")
 def schemas(repo_root):
     d = default_schema_dir(repo_root)
-    assert (d / "kuberay_v1_rayclusters_schema.json").is_file(), f"KubeRay CRD schemas expected in {d}"
+    if not (d / "kuberay_v1_rayclusters_schema.json").is_file():  # a plain clone: as tests/envs/conftest.py does
+        pytest.skip(f"KubeRay CRD schemas not found in {d} (../shared/k8s beside the clone)")
     return d
 
 
@@ -119,17 +120,18 @@ def test_config_errors_name_the_key():
         render(load_config(REQUIRED + ["secret_env.WANDB_API_KEY=no-key"]))
 
 
-def test_script_writes_valid_manifests(repo_root, tmp_path):
+def test_script_writes_valid_manifests(repo_root, schemas, tmp_path):
     script = repo_root / "scripts" / "hyperpod_cluster.py"
     out = tmp_path / "k8s"
     proc = subprocess.run([sys.executable, str(script), *REQUIRED, "worker.replicas=2", "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "kubectl apply -f" in proc.stdout
+    assert "kubectl apply -f" in proc.stdout and f"validated against {schemas}" in proc.stdout
+    assert proc.stderr == ""  # the schemas beside the clone were found: no skip notice
     rc = yaml.safe_load((out / "raycluster.yaml").read_text())
     assert rc["spec"]["workerGroupSpecs"][0]["replicas"] == 2
     docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
-    validate(docs, default_schema_dir(repo_root))  # what was written validates, not just what was rendered
+    validate(docs, schemas)  # what was written validates, not just what was rendered
     bad = subprocess.run([sys.executable, str(script), *REQUIRED[:1]], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "fsx.file_system_id" in bad.stderr
     multi = subprocess.run([sys.executable, str(script), *REQUIRED], capture_output=True, text=True, timeout=120)
