@@ -13,9 +13,10 @@ Rendered (``render``), one document each:
   RayCluster above (``clusterSelector``) or on a cluster of its own.
 
 Validation (``validate``) is offline: the RayCluster/RayJob against KubeRay's v1 CRD
-``openAPIV3Schema`` (KubeRay 1.7.0 copies in ``../shared/k8s``, or your cluster's
-``kubectl get crd rayclusters.ray.io -o json``), the PV/PVC against a minimal schema written here,
-and cross-document checks (claim names, mount paths, GPU requests == limits). Kubernetes prunes or
+``openAPIV3Schema`` (not shipped with the repository: a folder holding ``kuberay_v1_rayclusters_schema.json``
+and ``kuberay_v1_rayjobs_schema.json``, e.g. your cluster's ``kubectl get crd rayclusters.ray.io -o json``
+saved under that name; ``schema_dir=None`` skips this part), the PV/PVC against a minimal schema written
+here, and cross-document checks (claim names, mount paths, GPU requests == limits). Kubernetes prunes or
 rejects fields a structural schema does not declare, but a JSON Schema only rejects them under
 ``additionalProperties: false``; :func:`strict_schema` adds that to every object that lists its
 ``properties`` and leaves open maps (``additionalProperties`` given) and
@@ -364,8 +365,8 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_crd_schema(path: Path) -> dict[str, Any]:
-    """The ``openAPIV3Schema`` from a schema file: rlkit's wrapped form (``{"openAPIV3Schema": ...}``,
-    as in ``../shared/k8s``) or a CRD as ``kubectl get crd <name> -o json|yaml`` prints it (first version).
+    """The ``openAPIV3Schema`` from a schema file: rlkit's wrapped form (``{"openAPIV3Schema": ...}``)
+    or a CRD as ``kubectl get crd <name> -o json|yaml`` prints it (first version).
 
     Raises: ManifestError when the file is missing or holds no schema.
     """
@@ -400,37 +401,59 @@ def _strict_crd_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
 
 
 def default_schema_dir(repo_root: Path) -> Path:
-    """``<repo>/../shared/k8s``: where the KubeRay v1 CRD schemas are kept next to the repo."""
+    """``<repo>/../shared/k8s``: the folder next to the clone where a checkout may keep the KubeRay v1 CRD
+    schemas (they are not part of the repository; ``scripts/hyperpod_cluster.py`` skips the CRD
+    validation with a notice when they are absent)."""
     return repo_root.parent / "shared" / "k8s"
 
 
-def validate(docs: dict[str, dict[str, Any]], schema_dir: Path) -> None:
+def missing_crd_schemas(docs: dict[str, dict[str, Any]], schema_dir: Path) -> list[str]:
+    """The CRD schema file names ``docs`` need that ``schema_dir`` lacks: ``RAYCLUSTER_SCHEMA`` always,
+    ``RAYJOB_SCHEMA`` when a RayJob is rendered. Empty when validation against the CRDs can run."""
+    needed = [RAYCLUSTER_SCHEMA]
+    if any(d.get("kind") == "RayJob" for d in docs.values()):
+        needed.append(RAYJOB_SCHEMA)
+    return [name for name in needed if not (Path(schema_dir) / name).is_file()]
+
+
+def validate(docs: dict[str, dict[str, Any]], schema_dir: Path | None) -> None:
     """Validate rendered manifests; raise one ManifestError listing every problem.
 
     Each problem names the file and the field path (``raycluster.yaml: spec: Additional properties
-    are not allowed ('workerGroupSpec' was unexpected)``).
+    are not allowed ('workerGroupSpec' was unexpected)``). ``schema_dir=None`` skips the KubeRay CRD
+    schemas (the PV/PVC schemas and the cross-document checks still run).
     """
     errors = problems(docs, schema_dir)
     if errors:
         raise ManifestError("manifests do not validate:\n  " + "\n  ".join(errors))
 
 
-def problems(docs: dict[str, dict[str, Any]], schema_dir: Path) -> list[str]:
-    """Every schema and consistency problem of ``docs`` (empty when they are valid)."""
+def problems(docs: dict[str, dict[str, Any]], schema_dir: Path | None) -> list[str]:
+    """Every schema and consistency problem of ``docs`` (empty when they are valid).
+
+    ``schema_dir``: the folder with the KubeRay CRD schemas, or None to leave RayCluster/RayJob documents
+    unchecked against them. Raises ManifestError when a folder is given but lacks a needed schema.
+    """
     from jsonschema import Draft7Validator
 
-    schemas = {
+    schemas: dict[str, dict[str, Any] | None] = {
         "PersistentVolume": PV_SCHEMA,
         "PersistentVolumeClaim": PVC_SCHEMA,
-        "RayCluster": _strict_crd(schema_dir / RAYCLUSTER_SCHEMA),
+        "RayCluster": None,
+        "RayJob": None,
     }
-    if any(d.get("kind") == "RayJob" for d in docs.values()):
-        schemas["RayJob"] = _strict_crd(schema_dir / RAYJOB_SCHEMA)
+    if schema_dir is not None:
+        schemas["RayCluster"] = _strict_crd(Path(schema_dir) / RAYCLUSTER_SCHEMA)
+        if any(d.get("kind") == "RayJob" for d in docs.values()):
+            schemas["RayJob"] = _strict_crd(Path(schema_dir) / RAYJOB_SCHEMA)
     out: list[str] = []
     for fname, doc in docs.items():
-        schema = schemas.get(doc.get("kind"))
-        if schema is None:
-            out.append(f"{fname}: unknown kind {doc.get('kind')!r}")
+        kind = doc.get("kind")
+        if kind not in schemas:
+            out.append(f"{fname}: unknown kind {kind!r}")
+            continue
+        schema = schemas[kind]
+        if schema is None:  # a CRD kind while the CRD schemas are skipped
             continue
         for err in sorted(Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path)):
             where = ".".join(str(p) for p in err.absolute_path) or "(root)"
@@ -510,4 +533,4 @@ def conf_summary(conf: ClusterConf) -> str:
 
 
 __all__ = ["ClusterConf", "ManifestError", "load_config", "render", "validate", "problems", "write",
-           "strict_schema", "load_crd_schema", "default_schema_dir", "PV_SCHEMA", "PVC_SCHEMA"]
+           "strict_schema", "load_crd_schema", "default_schema_dir", "missing_crd_schemas", "PV_SCHEMA", "PVC_SCHEMA"]

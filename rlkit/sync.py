@@ -1,6 +1,6 @@
 """Versioned LoRA adapter sync through a shared directory: the trainer publishes, rollout engines load.
 
-Step 6 of a GRPO step (DESIGN.md): after its optimizer step(s) the trainer (rank 0) publishes the
+Step 6 of a GRPO step (docs/architecture.md): after its optimizer step(s) the trainer (rank 0) publishes the
 adapter as version ``v<step>``; before sampling, every rollout engine loads exactly the version it
 is told to, or refuses to sample.
 

@@ -10,7 +10,7 @@ Every build is a folder ``<cache>/{grounding,sft}/<key>`` named by the hash of w
 key hashes, the checkpoint it started from (a chain's stages name each other's keys), its torch version,
 thread count and CPU (a bf16 build rounds differently on another CPU or thread count), and when it finished;
 older builds show ``-`` there. A build stopped part-way keeps its progress in ``<key>.partial/`` until a job
-that needs it resumes it (README, "Around a run").
+that needs it resumes it (docs/running.md, "Around a run").
 
 Leftovers that ``--prune`` removes: a ``.partial`` folder beside its finished build (the build was killed as
 it finished) and a ``.tmp-<pid>`` folder whose process is gone (killed while saving). A stopped build's progress

@@ -6,7 +6,11 @@
 
 Writes fsx-pv.yaml, fsx-pvc.yaml, raycluster.yaml (and rayjob.yaml with rayjob.enabled=true) after
 validating them offline against the KubeRay v1 CRD schemas (unknown fields are errors) and a minimal
-PV/PVC schema. Settings are ``key=value`` overrides of ``launchers.manifests.ClusterConf`` (e.g.
+PV/PVC schema. The CRD schemas are not part of the repository: --schemas DIR names a folder holding
+kuberay_v1_rayclusters_schema.json and kuberay_v1_rayjobs_schema.json (`kubectl get crd
+rayclusters.ray.io -o json` saved under that name will do); without --schemas the script looks in
+../shared/k8s next to the clone, and where they are not there it prints one line on stderr saying that
+the CRD validation was skipped and renders anyway (the PV/PVC and cross-document checks still run). Settings are ``key=value`` overrides of ``launchers.manifests.ClusterConf`` (e.g.
 ``namespace=team-a worker.replicas=3 worker.gpus=2 secret_env.WANDB_API_KEY=wandb/api-key``), after
 optional ``--config file.yaml`` files. Without --out, prints the manifests as one multi-document YAML.
 Exit status 2 on a config or validation error, with the reason on stderr. See docs/hyperpod.md.
@@ -23,8 +27,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launchers.manifests import (  # noqa: E402
-    ManifestError, conf_summary, default_schema_dir, load_config, render, to_yaml, validate, write,
+    ManifestError, conf_summary, default_schema_dir, load_config, missing_crd_schemas, render, to_yaml, validate,
+    write,
 )
+
+
+def skip_line(schema_dir: Path, missing: list[str]) -> str:
+    """The one line printed when the KubeRay CRD schemas are absent and their validation is skipped."""
+    return (f"schema validation skipped: no {' / '.join(missing)} in {schema_dir}; put the KubeRay v1 CRD schemas "
+            "there (e.g. `kubectl get crd rayclusters.ray.io -o json` saved as kuberay_v1_rayclusters_schema.json) "
+            "or pass --schemas DIR; the PV/PVC and cross-document checks ran")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,16 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="key=value settings (launchers/manifests.py: ClusterConf)")
     ap.add_argument("--config", action="append", default=[], help="YAML file(s) with settings, merged in order")
     ap.add_argument("--out", type=Path, help="folder to write the manifests into (default: print to stdout)")
-    ap.add_argument("--schemas", type=Path, default=default_schema_dir(REPO),
-                    help="folder with kuberay_v1_rayclusters_schema.json and kuberay_v1_rayjobs_schema.json "
-                         "(default: %(default)s)")
+    ap.add_argument("--schemas", type=Path, default=None,
+                    help="folder with kuberay_v1_rayclusters_schema.json and kuberay_v1_rayjobs_schema.json; a "
+                         "missing file there is an error (default: %s if it holds them, else the CRD validation "
+                         "is skipped with a notice)" % default_schema_dir(REPO))
     ap.add_argument("--no-validate", action="store_true", help="skip the offline schema validation")
     args = ap.parse_args(argv)
+    schema_dir: Path | None = args.schemas
+    skipped = None
     try:
         conf = load_config(args.overrides, args.config)
         docs = render(conf)
         if not args.no_validate:
-            validate(docs, args.schemas)
+            if schema_dir is None:
+                schema_dir = default_schema_dir(REPO)
+                missing = missing_crd_schemas(docs, schema_dir)
+                if missing:
+                    skipped = skip_line(schema_dir, missing)
+                    print(skipped, file=sys.stderr)
+                    schema_dir = None
+            validate(docs, schema_dir)
     except ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -51,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     paths = write(docs, args.out)
     print(conf_summary(conf))
-    print(("validated against " + str(args.schemas)) if not args.no_validate else "not validated (--no-validate)")
+    if args.no_validate:
+        print("not validated (--no-validate)")
+    elif skipped is None:
+        print("validated against " + str(schema_dir))
     for p in paths:
         print(f"wrote {p}")
     print("apply with: kubectl apply " + " ".join(f"-f {p}" for p in paths if p.name != "rayjob.yaml"))

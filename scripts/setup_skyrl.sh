@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .venv-skyrl: Python 3.12 with SkyRL 0.3.0's own generator, config, dataset and entry-point code,
-# for the tests marked `skyrl312` (SkyRL's code run against rlkit's env on CPU; README, "Tests").
+# for the tests marked `skyrl312` (SkyRL's code run against rlkit's env on CPU; docs/testing.md).
 #
 #   bash scripts/setup_skyrl.sh          # exit 0: built (or already there); exit 3: no Python 3.12 here
 #

@@ -1,6 +1,6 @@
 """Reading a run or a sweep from disk for the report: one ``Job`` per job folder.
 
-A job folder is what ``train.py`` writes (README "What a run writes"): ``metrics.jsonl`` (one
+A job folder is what ``train.py`` writes (docs/running.md, "What a run writes"): ``metrics.jsonl`` (one
 JSON object per logged step; a step can have several lines, e.g. its training metrics and then the
 final evaluation), ``result.json`` (only when the job completed), ``.hydra/config.yaml`` and
 ``overrides.yaml``, ``eval/<tag>.json`` (per-task outcomes). A sweep folder holds job folders

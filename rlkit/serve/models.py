@@ -1,6 +1,6 @@
 """What the server hosts: one base policy with several LoRA adapters loaded side by side.
 
-Adapters are found from what a run writes (README "What a run writes"):
+Adapters are found from what a run writes (docs/running.md, "What a run writes"):
 
     <adapter dir>                 a PEFT adapter (adapter_config.json + adapter_model.safetensors)
     <run dir>                     its final ``adapter/``; while the run has none yet, the adapter of
