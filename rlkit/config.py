@@ -22,7 +22,8 @@ COMPAT_FILE = Path(__file__).resolve().parents[1] / "conf" / "compat.yaml"
 
 
 def compat_table(section: str) -> dict[str, Any]:
-    """One section of conf/compat.yaml (``added``, ``renamed`` or ``removed``) as {dotted key: value}."""
+    """One section of conf/compat.yaml (``added``, ``renamed``, ``renamed_one_phase``, ``removed``,
+    ``grounding_key``) as a dict. Raises: OSError when the file is missing (it ships with rlkit)."""
     import yaml
 
     return dict((yaml.safe_load(COMPAT_FILE.read_text()) or {}).get(section) or {})

@@ -141,12 +141,12 @@ def upgrade_flat_config(old: dict[str, Any], new_keys: set[str]) -> dict[str, An
             a[new_key] = a.pop(old_key)
     if "sampling.max_rounds" in a and "sampling.name" not in a:  # before conf/sampling/, rounds > 0 meant dapo
         a["sampling.name"] = "dapo" if a["sampling.max_rounds"] else "plain"
+    for old_key, new_key in compat_table("renamed_one_phase").items():
+        phases = a.get(old_key)
+        if new_key not in a and isinstance(phases, list) and len(phases) == 1 and isinstance(phases[0], list):
+            a.pop(old_key)
+            a[new_key] = list(phases[0])
     removed = compat_table("removed")
-    if a.get("grounding.curriculum") is not None and "grounding.tasks" not in a:
-        phases = a["grounding.curriculum"]
-        if isinstance(phases, list) and len(phases) == 1 and isinstance(phases[0], list):  # one phase: its tasks
-            a.pop("grounding.curriculum")
-            a["grounding.tasks"] = list(phases[0])
     for key, neutral in removed.items():
         if key in a and key not in new_keys and a[key] == neutral:
             del a[key]

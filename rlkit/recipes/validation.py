@@ -111,7 +111,8 @@ def policy_problems(policy: Any) -> list[str]:
 def capability_problems(cfg: DictConfig, env_spec: Any) -> list[str]:
     """The stages and terms this config turns on that the env cannot feed (rlkit.types' ``Supports*``
     capabilities), each with the override that avoids it (docs/adding-an-env.md says how to add one)."""
-    name = f"env {cfg.env.get('name') or type(env_spec).__name__} ({type(env_spec).__name__})"
+    cls = type(env_spec).__name__
+    name = f"env {cfg.env.get('name')} ({cls})" if cfg.env.get("name") else f"env {cls}"
     problems = []
     demos = isinstance(env_spec, SupportsDemonstrations)
     if cfg.sft.enabled and not demos:

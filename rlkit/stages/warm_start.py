@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlkit.config import GroundingConfig, SFTConfig, stop_strings
+from rlkit.config import GroundingConfig, SFTConfig, compat_table, stop_strings
 from rlkit.errors import ConfigError
 from rlkit.plugins import compose_train, instantiate_plugin
 from rlkit.stages.cache import FileLock, cache_key_inputs, cache_key_of, partial_dir, prompt_fingerprint
@@ -71,11 +71,13 @@ def start_from(sft: Any) -> str | None:
 
 
 def grounding_key_config(grounding: Any) -> dict[str, Any]:
-    """The ``grounding`` config as the build keys hash it: the shape it had when the stage ran in phases (one
-    phase of ``tasks``, and the advance threshold it never reached), so builds made before keep their keys."""
+    """The ``grounding`` config as the build keys hash it: the shape it had when the stage ran in phases
+    (conf/compat.yaml ``grounding_key``: ``tasks`` as the one phase, and the keys the phases had), so builds made
+    before keep their keys."""
     plain = OmegaConf.to_container(grounding, resolve=True) if OmegaConf.is_config(grounding) else dict(grounding)
+    legacy = compat_table("grounding_key")
     tasks = plain.pop("tasks", None)
-    return {**plain, "curriculum": [list(tasks or [])], "advance_accuracy": 0.9}
+    return {**plain, legacy["phases_key"]: [list(tasks or [])], **legacy["extra"]}
 
 
 def grounding_task_list(job: WarmStartJob) -> list[str]:
