@@ -83,6 +83,9 @@ class RayJobsLauncherConf:
     stream_logs: bool = True
     # Log lines quoted in a FAILED job's error.
     log_tail_lines: int = 40
+    # A job that FAILED or was STOPPED for another reason than a refused config or checkpoint (a killed driver, a
+    # replaced node) is resubmitted into the same folder this many times; it resumes from its latest checkpoint.
+    max_retries: int = 1
 
 
 @dataclass

@@ -44,7 +44,7 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
@@ -59,6 +59,8 @@ _MARKER_LINE = re.compile(r"^" + re.escape(RESULT_MARKER) + r"[ \t]*\r?$", re.MU
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 LOG_BYTES_PER_POLL = 1_000_000
+#: A job log that shows a refused config or checkpoint: resubmitting it would fail the same way (no retry).
+REFUSED = re.compile(r"\[rlkit\] (config|checkpoint) error|\b(ConfigError|CheckpointError|ConfigCompositionException)\b")
 SCHEME_PACKAGES = {"sagemaker_ray": "toolkit-for-ray-on-sagemaker-ai"}
 _ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
@@ -100,11 +102,14 @@ class Settings:
     unreachable_timeout_s: float = 300.0
     stream_logs: bool = True
     log_tail_lines: int = 40
+    max_retries: int = 1
 
     def validate(self) -> None:
         """Raises LauncherError naming the bad key and the fix."""
         if self.max_concurrent_jobs < 1:
             raise LauncherError(f"hydra.launcher.max_concurrent_jobs={self.max_concurrent_jobs}: must be >= 1.")
+        if self.max_retries < 0:
+            raise LauncherError(f"hydra.launcher.max_retries={self.max_retries}: must be >= 0 (0 = never resubmit).")
         for key in ("poll_interval_s", "pending_timeout_s", "unreachable_timeout_s"):
             if getattr(self, key) <= 0:
                 raise LauncherError(f"hydra.launcher.{key}={getattr(self, key)}: must be > 0 seconds.")
@@ -147,7 +152,7 @@ class JobSpec:
 
 @dataclass
 class Outcome:
-    """How one job ended: ``result`` (parsed result.json) when ``ok``, else ``error``."""
+    """How one job ended: ``result`` (parsed result.json) when ``ok``, else ``error``; ``attempts``: submissions."""
 
     spec: JobSpec
     ok: bool
@@ -155,6 +160,7 @@ class Outcome:
     result: Optional[dict] = None
     error: Optional[str] = None
     logs: str = ""
+    attempts: int = 1
 
 
 @dataclass
@@ -167,6 +173,7 @@ class _Active:
     partial: str = ""         # an unterminated last line, held back until it completes
     muted: bool = False       # past the result marker: the result JSON is not echoed
     next_log_at: float = 0.0  # clock time of the next log fetch while RUNNING
+    attempt: int = 1          # submissions of this job so far (hydra.launcher.max_retries)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,7 +468,7 @@ class RayJobsRunner:
             raise
         return [done[s.num] for s in specs]
 
-    def _submit(self, spec: JobSpec) -> Optional[Outcome]:
+    def _submit(self, spec: JobSpec, attempt: int = 1) -> Optional[Outcome]:
         s = self.s
         # an earlier attempt's error is not this attempt's: from here on error.txt is written by this job (rlkit.run,
         # in a shared folder) or by _record_failure, so the sweep summary never shows a stale one
@@ -485,7 +492,7 @@ class RayJobsRunner:
             _record_failure(spec, msg, ran=False)
             return Outcome(spec, ok=False, status="NOT_SUBMITTED", error=msg)
         self.echo(f"[job {spec.num}] submitted {spec.submission_id}: {' '.join(spec.overrides) or '(no overrides)'}")
-        _write_json(spec.local_dir / "ray_job.json", {**_record(spec, self.s), "status": "PENDING"})
+        _write_json(spec.local_dir / "ray_job.json", {**_record(spec, self.s), "status": "PENDING", "attempts": attempt})
         return None
 
     def _poll(self, a: _Active) -> Optional[Outcome]:
@@ -513,7 +520,24 @@ class RayJobsRunner:
         if self.s.stream_logs:
             self._echo_new(a, logs, final=True)
         self.echo(f"[job {a.spec.num}] {status}")
-        return self._finish(a, status, info, logs)
+        outcome = self._finish(a, status, info, logs)
+        if outcome.ok or not self._retry(a, outcome):
+            return outcome
+        return None
+
+    def _retry(self, a: _Active, outcome: Outcome) -> bool:
+        """Resubmit a failed job into its own folder (it resumes from its latest checkpoint) unless its config or
+        checkpoint was refused or ``max_retries`` resubmissions are spent; True when it was resubmitted."""
+        if a.attempt > self.s.max_retries or REFUSED.search(outcome.logs or "") or _refused_in_folder(a.spec):
+            return False
+        spec = replace(a.spec, submission_id=f"{a.spec.submission_id.split('-retry')[0]}-retry{a.attempt}")
+        self.echo(f"[job {spec.num}] {outcome.status} on attempt {a.attempt} of {self.s.max_retries + 1}: "
+                  "resubmitting into the same folder, where it resumes from its latest checkpoint")
+        if self._submit(spec, attempt=a.attempt + 1) is not None:
+            return False  # the cluster refused the resubmission: the first failure stands
+        a.spec, a.attempt, a.submitted_at, a.status = spec, a.attempt + 1, self.clock(), "PENDING"
+        a.started_at, a.printed, a.partial, a.muted, a.next_log_at = None, 0, "", False, 0.0
+        return True
 
     def _logs(self, a: _Active) -> str:
         try:
@@ -566,7 +590,8 @@ class RayJobsRunner:
         spec = a.spec
         spec.local_dir.mkdir(parents=True, exist_ok=True)
         (spec.local_dir / "ray_job.log").write_text(logs)
-        record = {**_record(spec, self.s), "status": status, "message": getattr(info, "message", None),
+        record = {**_record(spec, self.s), "status": status, "attempts": a.attempt,
+                  "message": getattr(info, "message", None),
                   "driver_exit_code": getattr(info, "driver_exit_code", None),
                   "run_time_s": None if a.started_at is None else round(self.clock() - a.started_at, 1)}
         _write_json(spec.local_dir / "ray_job.json", record)
@@ -577,7 +602,7 @@ class RayJobsRunner:
                 # this one: with hydra.launcher.sweep_dir=null a remote cluster writes to the same path on its own
                 # disk. In a folder the job shares with us it rewrites what the job wrote.
                 _write_json(spec.local_dir / "result.json", result)
-                return Outcome(spec, ok=True, status=status, result=result, logs=logs)
+                return Outcome(spec, ok=True, status=status, result=result, logs=logs, attempts=a.attempt)
             error = (f"job {spec.num} ({spec.submission_id}) SUCCEEDED but wrote no result.json: not at "
                      f"{spec.job_dir}/result.json and not in its log.")
         else:
@@ -590,7 +615,7 @@ class RayJobsRunner:
                   f"\n--- last {self.s.log_tail_lines} log lines ---\n{tail or '(empty log)'}\n---"
                   f"\nfull log: {spec.local_dir / 'ray_job.log'}")
         _record_failure(spec, error, ran=True)
-        return Outcome(spec, ok=False, status=status, error=error, logs=logs)
+        return Outcome(spec, ok=False, status=status, error=error, logs=logs, attempts=a.attempt)
 
 
 def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
@@ -606,6 +631,18 @@ def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
         _write_text(path, f"RayJobFailed: {error}\n")
     except OSError as e:  # the outcome still reaches Hydra as FAILED
         log.warning("could not write %s: %s", path, e)
+
+
+def _refused_in_folder(spec: JobSpec) -> bool:
+    """Whether the job, in a folder this machine shares with it, wrote an error.txt (rlkit.run) saying its config or
+    checkpoint was refused."""
+    path = spec.local_dir / ERROR_FILE
+    if not _same_folder(spec.local_dir, Path(spec.job_dir)) or not path.is_file():
+        return False
+    try:
+        return bool(REFUSED.search(path.read_text(errors="replace").split("\n", 1)[0]))
+    except OSError:
+        return False
 
 
 def _read_result(spec: JobSpec, logs: str) -> Optional[dict]:

@@ -161,6 +161,10 @@ class TrainerConfig:
     build_threads: Optional[int] = 1
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
+    # A worker (rollout worker, trainer rank) that dies or hangs (backend.call_timeout_s) is replaced this many
+    # times in a job: the workers restart and the run goes on from its latest checkpoint, exactly (rlkit.recipes.heal).
+    # 0 = stop at the first loss, saying which step a rerun resumes from. Backends with workers only.
+    max_failures: int = 2
 
 
 @dataclass
@@ -397,6 +401,7 @@ RANGES: dict[str, Range] = {
     "trainer.resume_mode": Range(choices=("latest", "none", "from_path")),
     "trainer.num_threads": Range(1, integer=True, none=True, note="null = 1"),
     "trainer.build_threads": Range(1, integer=True, none=True, note="null = $OMP_NUM_THREADS or the usable cores"),
+    "trainer.max_failures": Range(0, integer=True, note="0 = stop at the first lost worker"),
     "sft.num_demos": Range(0, integer=True, note="0 = a fresh batch of tasks every step"),
     "sft.max_steps": Range(1, integer=True),
     "sft.batch_size": Range(1, integer=True),

@@ -299,6 +299,11 @@ def save_checkpoint(ckpt_root: Path, step: int, *, policy: Any, optimizer: Any, 
     ckpt.save(ckpt_root, step, contents, max_to_keep=max_to_keep)
 
 
+def checkpoint_step(path: Path) -> int:
+    """The GRPO step the checkpoint at ``path`` was saved after (its trainer_state.json)."""
+    return int(json.loads((path / "trainer_state.json").read_text())["step"])
+
+
 def load_checkpoint(path: Path, *, policy: Any, optimizer: Any, scheduler: Any, shuffle_gen: torch.Generator,
                     sampler: Any) -> tuple[RunState, dict[str, Any]]:
     """Load the checkpoint at ``path`` into the live objects and the global RNGs; returns (RunState, the

@@ -1,6 +1,6 @@
 """Sweep summary: one row per job of a multirun, on the console and as CSV/JSON in the sweep dir.
 
-Each job writes ``result.json`` in its own folder (``rlkit.backends.native``); this Hydra callback
+Each job writes ``result.json`` in its own folder (rlkit.recipes.grpo); this Hydra callback
 runs once at the end of a multirun (``on_multirun_end``), reads every ``<sweep_dir>/*/result.json``
 and writes ``sweep_summary.csv`` and ``sweep_summary.json`` next to them. Because it reads files
 from the sweep folder, it works the same for every launcher whose jobs write there (local, Ray,
@@ -20,12 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit.run import ERROR_FILE
 
-COLUMNS = ["job", "swept", "overrides", "status", "success_before", "success_after", "steps", "wall_time_s", "output_dir"]
+COLUMNS = ["job", "swept", "overrides", "status", "attempts", "success_before", "success_after", "steps", "wall_time_s",
+           "output_dir"]
 
 
 #: Set by the Ray Jobs launchers (launchers/ray_jobs.py) in every job's environment: the sweep's swept keys,
 #: comma-separated. A cluster job runs train.py as a single run, without the sweep's multirun.yaml beside it,
-#: so this is how it knows which keys its sweep sweeps (rlkit.backends.native ``_check_sweep_resume``).
+#: so this is how it knows which keys its sweep sweeps (rlkit.resume.check_sweep_resume).
 SWEPT_KEYS_ENV = "RLKIT_SWEPT_KEYS"
 
 
@@ -57,6 +58,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
         overrides = _overrides(d)
         res_path = d / "result.json"
         err = d / ERROR_FILE
+        attempts = _attempts(d)
         if res_path.is_file():
             res = json.loads(res_path.read_text())
             status = res.get("status", "completed")
@@ -67,6 +69,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
                 "job": d.name,
                 "overrides": overrides,
                 "status": status,
+                "attempts": attempts,
                 "success_before": res.get("eval_success_before"),
                 "success_after": res.get("eval_success_after"),
                 "steps": res.get("steps_completed"),
@@ -76,7 +79,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
         else:
             first = err.read_text(errors="replace").splitlines()[0][:120] if err.is_file() else ""
             status = f"failed: {first}" if first else "failed (no result.json)"
-            rows.append({"job": d.name, "overrides": overrides, "status": status,
+            rows.append({"job": d.name, "overrides": overrides, "status": status, "attempts": attempts,
                          "success_before": None, "success_after": None, "steps": None,
                          "wall_time_s": None, "output_dir": str(d)})
     # "swept": the overrides that differ between jobs (what the table is about)
@@ -85,6 +88,15 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     for r, parts in zip(rows, split):
         r["swept"] = " ".join(p for p in parts if p not in common)
     return [{k: r[k] for k in COLUMNS} for r in rows]
+
+
+def _attempts(job_dir: Path) -> int:
+    """How often the job was submitted: ``attempts`` in the Ray Jobs launchers' ``ray_job.json`` (they resubmit a
+    failed job, launchers/ray_jobs.py), else 1."""
+    try:
+        return int(json.loads((job_dir / "ray_job.json").read_text()).get("attempts", 1))
+    except (OSError, ValueError, TypeError):
+        return 1
 
 
 def _overrides(job_dir: Path) -> str:
@@ -113,12 +125,13 @@ def print_summary(rows: list[dict[str, Any]], title: str) -> None:
 
     best = max((r["success_after"] for r in rows if r["success_after"] is not None), default=None)
     table = Table(title=title)
-    for c in ["job", "swept", "status", "success before", "success after", "steps", "wall time", "output dir"]:
+    for c in ["job", "swept", "status", "attempts", "success before", "success after", "steps", "wall time", "output dir"]:
         table.add_column(c)
     for r in rows:
         style = "bold green" if best is not None and r["success_after"] == best else None
         wall = "-" if r["wall_time_s"] is None else f"{r['wall_time_s']:.0f}s"
-        table.add_row(r["job"], r["swept"] or r["overrides"], r["status"], pct(r["success_before"]), pct(r["success_after"]),
+        table.add_row(r["job"], r["swept"] or r["overrides"], r["status"], str(r["attempts"]), pct(r["success_before"]),
+                      pct(r["success_after"]),
                       str(r["steps"] if r["steps"] is not None else "-"), wall, r["output_dir"], style=style)
     Console(width=200).print(table)
 

@@ -169,7 +169,8 @@ class RayCluster:
 
     # ---------------------------------------------------------------- trainers
     def _trainers(self, method: str, *args: Any) -> list[Any]:
-        return _get_all([getattr(t, method).remote(*args) for t in self.trainers], what=f"trainer ranks ({method})")
+        return _get_all([getattr(t, method).remote(*args) for t in self.trainers], self.settings.call_timeout_s,
+                        what=f"trainer ranks ({method})")
 
     def load_adapter(self, path: str | os.PathLike) -> None:
         """Load a saved PEFT adapter directory into every rank's shards (resume)."""
@@ -221,7 +222,7 @@ class RayCluster:
         """Wait for a ``start_update``'s ranks; rank 0's metrics (as ``update``'s).
 
         Raises: the first failing rank's error, as soon as it arrives."""
-        return _get_all(pending, what="trainer ranks (update)")[0]
+        return _get_all(pending, self.settings.call_timeout_s, what="trainer ranks (update)")[0]
 
     # ---------------------------------------------------------------- rollout
     def _split(self, seeds: list[int]) -> list[tuple[int, list[int]]]:
@@ -245,7 +246,7 @@ class RayCluster:
         jobs = self._split(seeds)
         refs = [self.rollouts[j].rollout.remote(chunk, group_size, self.worker_sampling(sampling, j), int(version))
                 for j, chunk in jobs]
-        results = _get_all(refs, what="rollout workers")
+        results = _get_all(refs, self.settings.call_timeout_s, what="rollout workers")
         trajs: list[Any] = []
         offset = 0
         for (_, chunk), (part, _info) in zip(jobs, results):
@@ -266,7 +267,8 @@ class RayCluster:
         across them), in seed order; a seed whose demonstration does not solve its task is left out."""
         jobs = self._split(seeds)
         refs = [self.rollouts[j].demonstrations.remote(chunk) for j, chunk in jobs]
-        return [d for part in _get_all(refs, what="rollout workers (demonstrations)") for d in part]
+        parts = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (demonstrations)")
+        return [d for part in parts for d in part]
 
     def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
         """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged.
@@ -278,7 +280,7 @@ class RayCluster:
         jobs = self._split(seeds)
         refs = [self.rollouts[j].evaluate.remote(chunk, self.worker_sampling(sampling, j), int(version), keep_trajectories)
                 for j, chunk in jobs]
-        results = _get_all(refs, what="rollout workers (eval)")
+        results = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (eval)")
         per_task: list[dict[str, Any]] = []
         trajs: list[Any] = []
         for _, rows, part, _ in results:
@@ -293,8 +295,10 @@ class RayCluster:
 
     def generate(self, prompts: list[Any], sampling: Any, version: int, worker: int = 0) -> list[list[Any]]:
         """Completions of ``prompts`` from rollout worker ``worker`` after loading ``version``."""
-        return _get_all([self.rollouts[worker].generate.remote(prompts, sampling, int(version))], what="rollout worker")[0]
+        return _get_all([self.rollouts[worker].generate.remote(prompts, sampling, int(version))],
+                        self.settings.call_timeout_s, what="rollout worker")[0]
 
     def sync(self, version: int) -> list[dict[str, Any]]:
         """Make ``version`` live on every rollout worker; their LoadedVersion dicts."""
-        return _get_all([r.sync.remote(int(version)) for r in self.rollouts], what="rollout workers (sync)")
+        return _get_all([r.sync.remote(int(version)) for r in self.rollouts], self.settings.call_timeout_s,
+                        what="rollout workers (sync)")

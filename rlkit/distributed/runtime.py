@@ -55,6 +55,8 @@ class RaySettings:
         off on CPU; true on CPU is a config error (CPU bf16 matmuls are slow and inexact here).
     dist_timeout_s: collective timeout of the trainers' process group (seconds).
     startup_timeout_s: how long placement-group scheduling and actor start-up may take (seconds).
+    call_timeout_s: how long one call of the workers (a rollout, an update, an evaluation) may take
+        (seconds); a worker that has not answered by then counts as hung, i.e. dead (trainer.max_failures).
     one_step_off_policy: sample step s + 1 on the rollout workers while the trainer ranks update on
         step s's batch, so step s + 1 samples with adapter v(s - 1) instead of v(s) (the loss's
         importance ratio and clip correct for that: its "old" logprobs are the sampling ones). As
@@ -79,6 +81,7 @@ class RaySettings:
     dist_timeout_s: float = 1800.0
     startup_timeout_s: float = 600.0
     one_step_off_policy: bool = False
+    call_timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.num_rollout_workers is None:
@@ -118,6 +121,8 @@ class RaySettings:
             )
         if self.sync_timeout_s <= 0:
             raise ValueError(f"backend.sync_timeout_s={self.sync_timeout_s} must be > 0 seconds")
+        if self.call_timeout_s <= 0:
+            raise ValueError(f"backend.call_timeout_s={self.call_timeout_s} must be > 0 seconds")
         if self.mixed_precision and self.gpus_per_worker == 0:
             raise ValueError(
                 "backend.mixed_precision=true needs GPUs (backend.gpus_per_worker > 0); on CPU the trainer "

@@ -43,9 +43,11 @@ class ExecutorContext:
 class Executor(Protocol):
     """Where a GRPO run's work runs (module doc). After ``start``: ``policy`` (save_adapter / load_adapter),
     ``optimizer`` (the one checkpoints hold), ``tokenizer`` (the policy's, or a checkpoint folder to load it
-    from). ``pipelined``: the recipe samples step s + 1 while step s's update runs."""
+    from). ``pipelined``: the recipe samples step s + 1 while step s's update runs. ``heals``: its workers can
+    be lost and replaced (``shutdown`` then ``start`` again; rlkit.recipes.heal)."""
 
     pipelined: bool
+    heals: bool
     policy: Any
     optimizer: torch.optim.Optimizer
     tokenizer: Any

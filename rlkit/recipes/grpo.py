@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlkit import checkpoint as ckpt
 from rlkit import resume
 from rlkit.algorithms.nll import AuxTerm
 from rlkit.algorithms.schedules import make_scheduler
@@ -48,13 +49,13 @@ from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
 from rlkit.policy import SamplingParams
 from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
+from rlkit.recipes.heal import WorkerLostError, lost_worker
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
 from rlkit.run import accept_run_config
 from rlkit.sampling import SampledBatch, StepSampler
 from rlkit.stages import warm_start as ws
-from rlkit.stages.cache import prompt_fingerprint
 from rlkit.tasks import training_sampler
 
 
@@ -74,6 +75,8 @@ class GRPORecipe:
         self.progress = Progress(quiet=self.trainer.quiet)
         self.state = resume.RunState()
         self._prefetched: SampledBatch | None = None  # a pipelined executor's next batch
+        self._rows = self._rows_sent = 0  # metrics rows written / sent to the logger (a healed run sends each once)
+        self._step = 0  # the step in progress
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -114,18 +117,20 @@ class GRPORecipe:
                                          self.trainer.overwrite)
         if resume_from is not None:  # refuse a changed experiment before minutes of warm start, not after
             resume.check_same_experiment(resume_from, cfg, self.out, self.ckpt_root)
-        self.base_path = self._warm_start(job, resume_from, threads)
+        self.base_path = ws.starting_checkpoint(job, resume_from, build_threads(self.trainer.build_threads), threads,
+                                                check_config, self.progress)
         # control=fixed_image: a training task whose first picture every env shows (after the warm start, so the
         # control starts from the same policy); the Ray rollout workers wrap their own envs with it
         self.fixed_image_seed = None
         if cfg.get("control") == "fixed_image":
             self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
-        self.executor.start(ExecutorContext(
+        self._executor_ctx = ExecutorContext(
             policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=self.base_path,
             env_spec=self.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=self.algo,
             optim=self.optim, lr=float(cfg.lr), temperature=r.temperature if r.temperature > 0 else 1.0,
             reuse_kv_cache=r.reuse_kv_cache, fixed_image_seed=self.fixed_image_seed,
-            deterministic=self.trainer.deterministic, progress=self.progress))
+            deterministic=self.trainer.deterministic, progress=self.progress)
+        self.executor.start(self._executor_ctx)
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
         ws.check_answer_fits(job, self.executor.tokenizer or cfg.policy.get("path"))
         if self.fixed_image_seed is not None:
@@ -154,32 +159,6 @@ class GRPORecipe:
             # let it match metrics.jsonl (already cut back to the checkpoint) first
             self.logger.resume_history(self.metrics_file.read(), self.state.step)
 
-    def _warm_start(self, job: ws.WarmStartJob, resume_from: Path | None, threads: int) -> str | None:
-        """The checkpoint GRPO starts from: the one a resumed run's adapter was trained on, else the warm start
-        (or grounded base) the config keys, built when missing on ``trainer.build_threads`` threads."""
-        cfg = self.cfg
-        builds = cfg.sft.enabled or (cfg.grounding.enabled and cfg.policy.get("path") is None)
-        if builds:  # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds
-            ws.check_answer_fits(job, ws.tokenizer_before_builds(cfg.policy))
-        recorded = (resume.recorded_base(resume_from, cfg.paths.cache_dir, prompt_fingerprint(self.env_spec),
-                                         self.progress.say) if resume_from is not None and builds else None)
-        if recorded is not None:  # the adapter goes back on the weights it was trained on, whatever keys them now
-            self.progress.say(f"resuming on the warm start the run started from: {recorded}")
-            return recorded
-        torch.set_num_threads(build_threads(self.trainer.build_threads))
-        try:
-            if cfg.sft.enabled:
-                base = ws.build_warm_start(ws.plan_warm_start(job, check_config, self.progress.say), self.progress)
-            else:
-                base = ws.grounded_base(job, self.progress)
-        finally:
-            torch.set_num_threads(threads)
-        recorded_name = resume.adapter_base_model(resume_from) if resume_from is not None else None
-        if recorded_name and base and Path(recorded_name).name != Path(base).name:
-            self.progress.say(f"warning: the checkpoint's adapter was trained on {recorded_name}, which is gone; it "
-                              f"resumes on {base}, built from today's config (other weights where the build differs)")
-        return base
-
     def _resume(self, path: Path | None) -> None:
         """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run.accept_run_config):
         its settings checked, its builds done, and nothing of it written into the folder yet."""
@@ -191,11 +170,8 @@ class GRPORecipe:
             self.metrics_file.truncate_lines(0)  # metrics of an earlier attempt are not this run's
             return
         changes = resume.check_same_experiment(path, self.cfg, self.out, self.ckpt_root)
-        self.state, meta = resume.load_checkpoint(path, policy=self.executor.policy, optimizer=self.executor.optimizer,
-                                                  scheduler=self.scheduler, shuffle_gen=self.shuffle_gen,
-                                                  sampler=self.tasks)
-        self.sampler.load_state_dict(meta)
-        self.metrics_file.truncate_lines(meta.get("metrics_lines", 0))  # the lost part of the run, by line count
+        self._load(path)
+        self._rows_sent = self._rows
         self.progress.say(f"resuming from {path} at step {self.state.step}")
         resume.apply_resume_changes(changes, self.cfg.lr, self.executor.optimizer, self.scheduler, self.out, path,
                                     self.state.step, self.progress.say)
@@ -287,19 +263,67 @@ class GRPORecipe:
         self.logger.log_artifact(path, name=f"adapter-{self.state.run_id or 'run'}", kind="lora_adapter")
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
+        """A row to metrics.jsonl and, unless a healed run is replaying rows it already sent, to the logger."""
         self.metrics_file.write(metrics, step)
-        self.logger.log(metrics, step)
+        self._rows += 1
+        if self._rows > self._rows_sent:
+            self.logger.log(metrics, step)
+            self._rows_sent = self._rows
 
     def train(self) -> dict[str, float]:
-        """The loop from the resumed step to ``steps``; the final checkpoint, evaluation and export."""
-        cfg, tr = self.cfg, self.trainer
-        if self.state.step == 0 and tr.eval_before_train:
+        """The loop from the resumed step to ``steps``, healed when it loses a worker (rlkit.recipes.heal): the
+        worker group restarts and the run goes on from the latest checkpoint, at most ``trainer.max_failures``
+        times. Raises: WorkerLostError past that, naming what died and the step a rerun resumes from."""
+        tr, failures = self.trainer, 0
+        if self.state.step == 0 and tr.eval_before_train and self.state.eval_success_before is None:
             m = self._eval(0, "step_000000")
             self.state.eval_success_before = m["eval/success_rate"]
             self._log(m, 0)
             self.progress.say(f"eval before training: {m['eval/success_rate']:.1%} of {len(self.eval_seeds)}")
+        if self.executor.heals and tr.max_failures and ckpt.find_latest(self.ckpt_root) is None:
+            self._save(self.state.step)  # a worker lost before the first checkpoint heals from here
+        while True:
+            try:
+                return self._train_loop()
+            except Exception as e:
+                what = self.executor.heals and lost_worker(e)
+                if not what:
+                    raise
+                failures += 1
+                path = ckpt.find_latest(self.ckpt_root)
+                at = resume.checkpoint_step(path) if path is not None else 0
+                if failures > tr.max_failures or path is None:
+                    raise WorkerLostError(f"{what} at step {self._step}; trainer.max_failures={tr.max_failures} spent. "
+                                          f"Rerun the same command to resume from step {at} ({path})") from e
+                self.progress.say(f"{what} at step {self._step}: restarting the workers and going on from step {at} "
+                                  f"({path}; failure {failures} of trainer.max_failures={tr.max_failures})")
+                self._heal(path)
+
+    def _heal(self, path: Path) -> None:
+        """A new worker group, loaded with the checkpoint at ``path`` exactly as a resumed run loads it."""
+        self.executor.shutdown()
+        self._prefetched = None
+        self.executor.start(self._executor_ctx)
+        self.scheduler = make_scheduler(self.executor.optimizer, self.optim, self.cfg.steps)
+        self._load(path)  # the rows after the checkpoint are logged again, and sent to the logger once
+        self.executor.after_setup(self.state.step)
+
+    def _load(self, path: Path) -> None:
+        """The checkpoint at ``path`` into the executor, the schedule, the RNGs and the samplers; metrics.jsonl cut
+        back to the rows it had logged (the lost part of the run, by line count)."""
+        self.state, meta = resume.load_checkpoint(path, policy=self.executor.policy, optimizer=self.executor.optimizer,
+                                                  scheduler=self.scheduler, shuffle_gen=self.shuffle_gen,
+                                                  sampler=self.tasks)
+        self.sampler.load_state_dict(meta)
+        self._rows = meta.get("metrics_lines", 0)
+        self.metrics_file.truncate_lines(self._rows)
+
+    def _train_loop(self) -> dict[str, float]:
+        """The steps from ``state.step`` + 1 to ``steps``; the final checkpoint, evaluation and export."""
+        cfg, tr = self.cfg, self.trainer
         seg_start, base_wall = time.time(), self.state.wall_time_s
         for step in range(self.state.step + 1, cfg.steps + 1):
+            self._step = step
             metrics = self.train_step(step)
             self.state.step = step
             self.state.wall_time_s = base_wall + (time.time() - seg_start)
@@ -316,6 +340,7 @@ class GRPORecipe:
                 self._export(self.out / "exports" / f"step_{step:06d}", step)
         # the final checkpoint precedes the final eval, so a run killed during that eval (or rerun after it)
         # evaluates once more and logs exactly what an uninterrupted run logs
+        self._step = self.state.step
         self._save(self.state.step)
         final = self._eval(self.state.step, "final")
         self._log(final, self.state.step)
@@ -345,24 +370,16 @@ class GRPORecipe:
         """result.json and the closing line."""
         seen = bool(self.seen_seeds)
         result = {
-            "status": "completed",
-            "eval_set": self.env_spec.eval_set_name,
-            "eval_num_tasks": len(self.eval_seeds),
-            "eval_success_before": self.state.eval_success_before,
-            "eval_success_after": final["eval/success_rate"],
+            "status": "completed", "eval_set": self.env_spec.eval_set_name, "eval_num_tasks": len(self.eval_seeds),
+            "eval_success_before": self.state.eval_success_before, "eval_success_after": final["eval/success_rate"],
             **({"eval_seen_success_after": final["eval_seen/success_rate"], "eval_seen_num_tasks": len(self.seen_seeds)}
                if seen else {}),
-            "steps_completed": self.state.step,
-            "wall_time_s": round(self.state.wall_time_s, 2),
-            "adapter_dir": str(self.out / "adapter"),
-            "output_dir": str(self.out),
+            "steps_completed": self.state.step, "wall_time_s": round(self.state.wall_time_s, 2),
+            "adapter_dir": str(self.out / "adapter"), "output_dir": str(self.out),
             "policy_turns": self.env_spec.max_turns,
             "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
-            "setup_time_s": round(setup_s, 2),
-            "warm_start_dir": self.base_path,
-            "overrides": run_name(),
-            "wandb_run_id": self.state.run_id,
-            "host": platform.node(),
+            "setup_time_s": round(setup_s, 2), "warm_start_dir": self.base_path, "overrides": run_name(),
+            "wandb_run_id": self.state.run_id, "host": platform.node(),
         }
         (self.out / "result.json").write_text(json.dumps(result, indent=2))
         before = "-" if result["eval_success_before"] is None else f"{result['eval_success_before']:.1%}"

@@ -26,6 +26,7 @@ class LocalExecutor:
     """Rollout, update, evaluation and demonstrations in this process (rlkit.recipes.executor.Executor)."""
 
     pipelined = False  # samples the next step only after the update (the engine holds the updated weights)
+    heals = False  # no worker to lose: a failure here is the run's own
 
     def problems(self, cfg: Any) -> list[str]:
         """What this executor cannot run of ``cfg`` (nothing: the local loop runs every option)."""

@@ -105,6 +105,7 @@ class RayExecutor:
         self.published_version: int | None = None
         self._sample_version: int | None = None  # the version rollouts load; None = step - 1
         self.pipelined = bool(settings.one_step_off_policy)
+        self.heals = True  # a lost worker is replaced (rlkit.recipes.heal)
 
     def problems(self, cfg: Any) -> list[str]:
         """What this executor cannot run of ``cfg``: a CUDA policy on workers without GPUs."""

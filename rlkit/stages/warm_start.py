@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rlkit import resume
 from rlkit.config import GroundingConfig, SFTConfig, compat_table, stop_strings
 from rlkit.errors import ConfigError
 from rlkit.plugins import compose_train, instantiate_plugin
@@ -357,3 +359,30 @@ def _sft_stage(job: WarmStartJob, out_dir: Path, base_path: str | None, sft_cfg:
                      f"{sft_cfg.val_tasks} held-out training tasks (not the eval set), {summary['wall_time_s']:.0f}s")
         del base, engine
     return out_dir
+
+
+def starting_checkpoint(job: WarmStartJob, resume_from: Path | None, build_threads: int, threads: int,
+                        validate: Any, progress: Any) -> str | None:
+    """The checkpoint a GRPO run starts from: the one a resumed run's adapter was trained on (rlkit.resume.
+    recorded_base), else the warm start (or grounded base) ``job``'s config keys, built when missing on
+    ``build_threads`` torch threads (``threads`` again after). None: the policy config's own weights."""
+    cfg = job.cfg
+    builds = cfg.sft.enabled or (cfg.grounding.enabled and cfg.policy.get("path") is None)
+    if builds:  # answers the rollouts would cut are refused before minutes (a chain: an hour) of builds
+        check_answer_fits(job, tokenizer_before_builds(cfg.policy))
+    recorded = (resume.recorded_base(resume_from, cfg.paths.cache_dir, prompt_fingerprint(job.env_spec), progress.say)
+                if resume_from is not None and builds else None)
+    if recorded is not None:  # the adapter goes back on the weights it was trained on, whatever keys them now
+        progress.say(f"resuming on the warm start the run started from: {recorded}")
+        return recorded
+    torch.set_num_threads(build_threads)
+    try:
+        base = (build_warm_start(plan_warm_start(job, validate, progress.say), progress) if cfg.sft.enabled
+                else grounded_base(job, progress))
+    finally:
+        torch.set_num_threads(threads)
+    recorded_name = resume.adapter_base_model(resume_from) if resume_from is not None else None
+    if recorded_name and base and Path(recorded_name).name != Path(base).name:
+        progress.say(f"warning: the checkpoint's adapter was trained on {recorded_name}, which is gone; it resumes on "
+                     f"{base}, built from today's config (other weights where the build differs)")
+    return base

@@ -186,7 +186,7 @@ def _specs(tmp_path: Path, n: int) -> list[JobSpec]:
 
 
 def _runner(world, clock, lines, **kw) -> RayJobsRunner:
-    s = Settings(poll_interval_s=1.0, **kw)
+    s = Settings(poll_interval_s=1.0, **{"max_retries": 0, **kw})
     return RayJobsRunner(s, world.factory, echo=lines.append, clock=clock, sleep=clock.sleep)
 
 
@@ -300,7 +300,8 @@ def test_in_one_folder_the_jobs_own_error_stays_and_an_earlier_attempts_goes(tmp
     err.write_text("ValueError: an earlier attempt\n")
     (o,) = RayJobsRunner(Settings(poll_interval_s=1), lambda: WritesItsError(world), echo=lines.append, clock=clock,
                          sleep=clock.sleep).run([spec])
-    assert not o.ok and err.read_text().startswith("CheckpointError: cannot resume")
+    # a refused checkpoint fails the same way again: not resubmitted, though max_retries allows one
+    assert not o.ok and o.attempts == 1 and err.read_text().startswith("CheckpointError: cannot resume")
 
     err.write_text("ValueError: an earlier attempt\n")  # this attempt fails before rlkit runs (it writes nothing)
     world.jobs.clear()
@@ -323,3 +324,20 @@ def test_in_one_folder_the_jobs_own_error_stays_and_an_earlier_attempts_goes(tmp
     (o,) = _runner(world, clock, lines).run([spec])
     assert o.ok and o.result["job"] == "sid-0" and not err.exists()
     assert json.loads((spec.local_dir / "result.json").read_text())["job"] == "sid-0"
+
+
+def test_a_failed_job_is_resubmitted_under_a_new_id_and_counts_its_attempts(tmp_path):
+    world, clock, lines = World(final={"sid-0": "FAILED", "sid-1": "FAILED", "sid-1-retry1": "FAILED"}), Clock(), []
+    outcomes = _runner(world, clock, lines, max_retries=1).run(_specs(tmp_path, 3))
+    assert [(o.ok, o.attempts) for o in outcomes] == [(True, 2), (False, 2), (True, 1)]
+    assert outcomes[0].result["job"] == "sid-0-retry1"  # the second attempt's result, in the same folder
+    assert set(world.jobs) == {"sid-0", "sid-0-retry1", "sid-1", "sid-1-retry1", "sid-2"}
+    assert sum("resubmitting into the same folder" in ln for ln in lines) == 2
+    rec = json.loads((tmp_path / "local" / "1" / "ray_job.json").read_text())
+    assert rec["attempts"] == 2 and rec["status"] == "FAILED"
+
+
+def test_a_refused_config_is_not_resubmitted(tmp_path):
+    world, clock, lines = World(final={"sid-0": "FAILED"}, pad="[rlkit] config error: sampling.max_rounds=3 ...\n"), Clock(), []
+    (o,) = _runner(world, clock, lines, max_retries=2).run(_specs(tmp_path, 1))
+    assert not o.ok and o.attempts == 1 and set(world.jobs) == {"sid-0"}

@@ -6,12 +6,14 @@ Knobs: ``x`` (the swept value; success_after = x / 10), ``fail_on`` (this x rais
 (a folder: jobs with x in ``barrier_xs`` wait until all of them have started, which proves they ran
 concurrently), ``running`` (a folder where each job counts the jobs running next to it),
 ``report_env`` / ``report_secret_env`` (environment variables reported in result.json, the latter
-as SHA-256 digests).
+as SHA-256 digests), ``die_once`` (a folder: the first attempt of each job SIGKILLs itself, as a driver lost
+with its node would; it leaves a marker there, so a resubmitted attempt completes).
 """
 
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -31,6 +33,13 @@ def main(cfg: DictConfig) -> dict:
     out = Path(HydraConfig.get().runtime.output_dir)
     start = time.time()
     print(f"sweep_app x={cfg.x} starting in {out}", flush=True)
+    if cfg.die_once:
+        marker = Path(cfg.die_once) / f"died-{cfg.x}"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            print(f"sweep_app x={cfg.x} killing itself", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
     peers = None
     if cfg.running:
         running = Path(cfg.running)
