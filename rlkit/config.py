@@ -4,7 +4,7 @@ Registered in Hydra's ConfigStore as the base of conf/train.yaml (``rlkit_train_
 typo in any of these groups (``algorithm.eps_clip_hihg=0.3``) or an unknown top-level key fails at
 compose time with Hydra's error. Plug-in groups (env, reward, policy, logger, backend) are
 instantiated from their ``_target_``; their keys are constructor arguments, so an unknown key fails
-with a TypeError naming it when the run starts (``rlkit.run.instantiate_plugin``).
+with a TypeError naming it when the run starts (``rlkit.plugins.instantiate_plugin``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class EnvSpec(Protocol):
     Optional: stop_strings, a tuple of strings that end a policy turn as soon as its text contains one
     (the default of ``rollout.stop``; e.g. VisGym's "</answer>" for parsers that read an answer block).
     Optional capabilities are the ``Supports*`` protocols below: the recipe checks, before any work, that
-    the env has each one its configured stages need (rlkit.recipes.capabilities), and refuses with a
+    the env has each one its configured stages need (rlkit.recipes.validation.capability_problems), and refuses with a
     config error naming the capability and the override that avoids it.
     """
 

@@ -264,7 +264,7 @@ class VisGymMaze:
         (same as ``self.make().demonstration(seed)``; see ``MazeEpisode.demonstration``)."""
         return demonstration_texts(self.variant, self.mode, self.parser, seed)
 
-    # -- visual grounding pretraining (rlkit.grounding) ----------------------------------------
+    # -- visual grounding pretraining (rlkit.stages.grounding) ----------------------------------------
 
     grounding_tasks = GROUNDING_TASKS
 
