@@ -19,19 +19,22 @@ def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     from rlkit.checkpoint import CheckpointError
+    from rlkit.errors import ConfigError
     from rlkit.metrics_export import RayMetricsUnavailable
-    from rlkit.run import ConfigError, run
+    from rlkit.recipes.heal import WorkerLostError
+    from rlkit.run import run
 
     try:
         return run(cfg)
-    except (ConfigError, CheckpointError, RayMetricsUnavailable) as e:
+    except (ConfigError, CheckpointError, RayMetricsUnavailable, WorkerLostError) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records the failure and the sweep summary shows it
         # a bad setting, a refused resume or a service that is not there (logger=ray_metrics with no Ray
         # cluster) is the user's to fix: the message names the fix (the run folder's error.txt keeps the
         # traceback), not a traceback through rlkit
         kind = ("config error" if isinstance(e, ConfigError) else
-                "checkpoint error" if isinstance(e, CheckpointError) else "connection error")
+                "checkpoint error" if isinstance(e, CheckpointError) else
+                "worker lost" if isinstance(e, WorkerLostError) else "connection error")
         print(f"[rlkit] {kind}: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -445,6 +445,10 @@ def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: Samp
                         "(sft.enabled=false, a pretrained policy.path); leave it at 1")
     if trainer.deterministic:
         problems.append("trainer.deterministic=true: SkyRL has no deterministic mode (vLLM sampling); set it to false")
+    if trainer.max_failures:
+        problems.append(f"trainer.max_failures={trainer.max_failures}: SkyRL's trainer does not replace a lost worker "
+                        "inside a job; a failed job is resubmitted by the launcher (hydra.launcher.max_retries) and "
+                        "resumes from its latest checkpoint (trainer.resume_mode=latest). Set trainer.max_failures=0")
     if trainer.max_ckpts_to_keep == 0 or trainer.max_ckpts_to_keep < -1:
         problems.append(f"trainer.max_ckpts_to_keep={trainer.max_ckpts_to_keep}: use N >= 1, or -1 to keep all")
     if eval_cfg.seen_tasks:
