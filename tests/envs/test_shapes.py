@@ -169,6 +169,6 @@ def test_the_main_job_composes_the_shapes_env_its_image_size_and_recipe():
     assert isinstance(spec, ShapesEnv) and (spec.num_shapes, spec.image_size, spec.eval_size) == (1, 56, 64)
     assert cfg.policy.tiny.image_max_pixels == 56 * 56  # conf/image_grid/tiny_vl_shapes.yaml: 7x7 image tokens
     assert cfg.grounding.enabled is False  # no grounding questions in this env
-    assert (cfg.sft.target_success, cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.steps) == (0.4, 16, 1.0, 200)
+    assert (cfg.sft.target_success, cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.steps, cfg.lr) == (0.4, 16, 1.0, 100, 3e-4)
     assert cfg.reward._target_ == "rewards.ExactAnswer"
     assert OmegaConf.load(CONF / "env" / "shapes.yaml")._target_ == "envs.shapes.ShapesEnv"
