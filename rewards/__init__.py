@@ -4,9 +4,11 @@
     FormatReward      format           share of turns whose output parsed
     WeightedSum       weighted         weighted sum of named rewards (e.g. 0.8 maze_exit + 0.2 format)
     ShapedDistance    shaped_distance  success, else partial credit for BFS progress to the goal
+    ExactAnswer       exact_answer     1.0 if the parsed answer equals the expected one (question-answering envs)
     safe_call / GuardedReward          errors naming the reward and episode seed, or counted zeros
 """
 
+from rewards.answer import ExactAnswer
 from rewards.generic import FormatReward, WeightedSum, builtin_rewards
 from rewards.guard import (
     FailureCounter,
@@ -18,6 +20,7 @@ from rewards.guard import (
 from rewards.maze import MazeExit, ShapedDistance
 
 __all__ = [
+    "ExactAnswer",
     "FailureCounter",
     "FormatReward",
     "GuardedReward",

@@ -38,9 +38,11 @@ class FormatReward:
 
 def builtin_rewards() -> dict[str, type]:
     """Reward plug-ins known by name (for ``WeightedSum`` weights without an explicit instance)."""
+    from rewards.answer import ExactAnswer
     from rewards.maze import MazeExit, ShapedDistance
 
-    return {"maze_exit": MazeExit, "format": FormatReward, "shaped_distance": ShapedDistance}
+    return {"maze_exit": MazeExit, "format": FormatReward, "shaped_distance": ShapedDistance,
+            "exact_answer": ExactAnswer}
 
 
 class WeightedSum:

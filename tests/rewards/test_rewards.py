@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rewards import (
+    ExactAnswer,
     FailureCounter,
     FormatReward,
     GuardedReward,
@@ -25,8 +26,9 @@ from rlkit.types import Episode, RewardOutput, Turn
 CONF_REWARD = Path(__file__).resolve().parents[2] / "conf" / "reward"
 
 
-def turn(parse_ok=True, bfs=3, start=12, done=False, reward=0.0):
-    info = {"parse_ok": parse_ok, "bfs_distance": bfs, "start_bfs_distance": start}
+def turn(parse_ok=True, bfs=3, start=12, done=False, reward=0.0, answer=None):
+    # the keys of both kinds of env: a maze's distances (envs.visgym) and a question's answers (envs.shapes)
+    info = {"parse_ok": parse_ok, "bfs_distance": bfs, "start_bfs_distance": start, "answer": answer, "expected": "red"}
     return Turn(action_text="x", env_reward=reward, done=done, info=info)
 
 
@@ -35,8 +37,8 @@ def episode(turns, success=False, seed=7):
     return Episode(seed=seed, turns=turns, terminated=terminated, truncated=not terminated, success=success)
 
 
-SOLVED = episode([turn(bfs=1), turn(bfs=0), turn(bfs=0, done=True, reward=1.0)], success=True)
-HALFWAY = episode([turn(False, bfs=12), turn(True, bfs=6), turn(False, bfs=6), turn(True, bfs=6)])
+SOLVED = episode([turn(bfs=1), turn(bfs=0), turn(bfs=0, done=True, reward=1.0, answer="red")], success=True)
+HALFWAY = episode([turn(False, bfs=12), turn(True, bfs=6), turn(False, bfs=6), turn(True, bfs=6, answer="blue")])
 EMPTY = episode([])
 
 
@@ -56,6 +58,20 @@ def test_format():
     bad = episode([Turn("x", 0.0, False, info={})])
     with pytest.raises(ValueError, match="parse_ok.*seed 7"):
         r(bad)
+
+
+def test_exact_answer():
+    r = ExactAnswer()
+    assert r.name == "exact_answer"
+    assert r(SOLVED) == RewardOutput(1.0, {"exact_answer": 1.0})  # last turn: "red" == "red"
+    assert r(HALFWAY).total == 0.0  # "blue" != "red"
+    assert r(episode([turn(answer=None)])).total == 0.0  # nothing parsed: never equal, even to a None expected
+    assert r(episode([Turn("x", 0.0, True, info={"answer": None, "expected": None})])).total == 0.0
+    assert r(episode([Turn("x", 0.0, True, info={"answer": "Red", "expected": "red"})])).total == 0.0  # exact
+    assert r(EMPTY).total == 0.0
+    with pytest.raises(ValueError, match="'expected'.*seed 7"):
+        r(episode([Turn("x", 0.0, True, info={"answer": "red"})]))
+    assert WeightedSum({"exact_answer": 0.8, "format": 0.2})(HALFWAY).total == pytest.approx(0.2 * 0.5)
 
 
 def test_shaped_distance():
@@ -163,6 +179,6 @@ def test_reward_configs(path):
 
 
 def test_expected_reward_configs():
-    assert {p.stem for p in REWARD_YAMLS} >= {"maze_exit", "maze_exit_format", "shaped"}
+    assert {p.stem for p in REWARD_YAMLS} >= {"maze_exit", "maze_exit_format", "shaped", "exact_answer"}
     weighted = instantiate_reward(OmegaConf.load(CONF_REWARD / "maze_exit_format.yaml"))
     assert weighted(HALFWAY).total == pytest.approx(0.2 * 0.5)
