@@ -94,12 +94,6 @@ class ShapesEpisode:
         """True once the episode's answer was the right colour word."""
         return self._success
 
-    def demonstration(self, seed: int) -> list[str]:
-        """The same as ``ShapesEnv.demonstration``. The core at aaa37e9 asks the episode, not the spec, for
-        demonstrations (rlkit/sft.py ``demonstration_trajectory``, ``prompt_fingerprint``, ``longest_demonstration``;
-        rlkit/backends/native.py's demo_coef check): without this copy the warm start stops with an AttributeError."""
-        return [f"{ANSWER_OPEN}{draw_task(seed, self.num_shapes, self.image_size).answer}{ANSWER_CLOSE}"]
-
 
 class ShapesEnv:
     """The shapes env spec (``rlkit.types.EnvSpec``; ``conf/env/shapes.yaml``).
