@@ -179,22 +179,12 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
             other_spec = instantiate_plugin(other.env, "env")
             say(f"SFT warm start: {source} evaluates on {holdout[0]} too, so its stages hold out what this job "
                 f"does (env.holdout={holdout[1]})")
-        if group == "env" and (OmegaConf.to_container(other.env, resolve=True)
-                               == OmegaConf.to_container(inner.cfg.env, resolve=True)):
-            raise ConfigError(f"sft.start_from_env={name} is this job's env: a warm start cannot start from "
-                              "itself; name another env (e.g. a smaller maze), or null")
-        if not other.sft.enabled:
-            raise ConfigError(f"sft.start_from_{group}={name}: the job {source} has no warm start to start from "
-                              "(its sft.enabled=false); name another one, or null")
-        if group == "env":  # the inner job's policy at that env's image size (conf/image_grid/)
-            policy = OmegaConf.to_container(inner.cfg.policy, resolve=True)
-            if policy.get("tiny") and OmegaConf.select(other, "policy.tiny") is not None:
-                for k in ("image_min_pixels", "image_max_pixels"):
-                    policy["tiny"][k] = other.policy.tiny[k]
-            with open_dict(other):
-                other.policy = policy
-        else:  # that job's own policy: an override of this job's policy.tiny would build nothing
-            _check_same_tiny(inner.cfg, other, source)
+        try:  # the link from `inner` to `source`: refused in `inner`'s words, prefixed with the chain to `inner`
+            _check_link(inner.cfg, other, source)
+        except ConfigError as e:
+            if len(names) == 1:
+                raise
+            raise ConfigError(f"in the warm start this job starts from ({' -> '.join(names[:-1])}): {e}") from e
         with open_dict(other):
             other.paths.output_dir = str(outer.cfg.paths.output_dir)
             other.paths.cache_dir = str(outer.cfg.paths.cache_dir)
@@ -211,6 +201,30 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
             raise ConfigError(f"in the warm start this job starts from ({' -> '.join(names)}): {e}") from e
         plan.insert(0, chain[-1])
     return plan
+
+
+def _check_link(inner: DictConfig, other: DictConfig, source: str) -> None:
+    """Check that the job ``inner`` may start from the warm start of ``other`` (composed from ``source``), and give
+    ``other`` the policy that builds it: ``inner``'s at ``other``'s image size for ``env=``, its own for
+    ``experiment=``. Raises: ConfigError when ``source`` is ``inner``'s env, has no warm start, or ``inner``'s
+    ``policy.tiny`` would change nothing."""
+    group, name = source.split("=", 1)
+    if group == "env" and (OmegaConf.to_container(other.env, resolve=True)
+                           == OmegaConf.to_container(inner.env, resolve=True)):
+        raise ConfigError(f"sft.start_from_env={name} is this job's env: a warm start cannot start from "
+                          "itself; name another env (e.g. a smaller maze), or null")
+    if not other.sft.enabled:
+        raise ConfigError(f"sft.start_from_{group}={name}: the job {source} has no warm start to start from "
+                          "(its sft.enabled=false); name another one, or null")
+    if group == "env":  # the inner job's policy at that env's image size (conf/image_grid/)
+        policy = OmegaConf.to_container(inner.policy, resolve=True)
+        if policy.get("tiny") and OmegaConf.select(other, "policy.tiny") is not None:
+            for k in ("image_min_pixels", "image_max_pixels"):
+                policy["tiny"][k] = other.policy.tiny[k]
+        with open_dict(other):
+            other.policy = policy
+    else:  # that job's own policy: an override of this job's policy.tiny would build nothing
+        _check_same_tiny(inner, other, source)
 
 
 def _check_same_tiny(mine_cfg: DictConfig, other: DictConfig, source: str) -> None:
