@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +244,71 @@ def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str
     return out
 
 
+_POLICY_TARGETS = ("rlkit.policy.load_policy", "rlkit.policy.policy.load_policy")
+
+
+def policy_device_type(cfg: DictConfig) -> str:
+    """Where the run's policy computes: "cuda" or "cpu", read from the config without loading anything.
+
+    A backend with GPUs per worker or node (``backend.gpus_per_worker`` > 0: native_ray; ``backend.gpus_per_node``
+    > 0: skyrl) trains on CUDA; a Ray backend with ``gpus_per_worker: 0`` on CPU whatever the driver has. Otherwise
+    ``policy.device``: "cpu", "cuda"/"cuda:N", or "auto" = CUDA when torch sees a GPU here.
+    """
+    backend = cfg.get("backend") or {}
+    device = str(OmegaConf.select(cfg, "policy.device", default="auto") or "auto")
+    if device.startswith("cuda"):
+        return "cuda"
+    gpus = [backend.get(k) for k in ("gpus_per_worker", "gpus_per_node") if k in backend]
+    if any(float(g or 0) > 0 for g in gpus):
+        return "cuda"
+    if gpus or device == "cpu":
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_policy_dtype(cfg: DictConfig) -> tuple[str, str] | None:
+    """Replace ``policy.dtype: auto`` in ``cfg`` (in place) by the dtype it means for this run, once, before any
+    build: bfloat16 on CUDA and on a CPU with native bf16 matmuls, float32 on other CPUs (rlkit.hardware). Every
+    reader downstream then sees the concrete value: the build cache keys (rlkit.sft.cache_key_inputs hashes
+    ``cfg.policy``; a resolved bfloat16 keys exactly as an explicit ``policy.dtype=bfloat16`` did), the checkpoints'
+    config.yaml (a resume compares it), Ray workers (they receive ``cfg``) and the run's ``.hydra/config.yaml``
+    (rewritten by ``run``). The CPU is this process's; Ray CPU workers on other machines are assumed alike.
+
+    Returns: (dtype, reason) when ``cfg`` held "auto", else None (an explicit dtype, another policy plug-in, or
+    no policy node; an unknown value is left to the backend's check, which names the allowed ones).
+    """
+    from rlkit.hardware import resolve_dtype_here
+
+    node = cfg.get("policy")
+    if not OmegaConf.is_dict(node) or node.get("_target_") not in _POLICY_TARGETS or node.get("dtype") != "auto":
+        return None
+    dtype, reason = resolve_dtype_here("auto", policy_device_type(cfg))
+    with read_write(cfg):  # a read-only cfg (a test's) too
+        cfg.policy.dtype = dtype
+    return dtype, reason
+
+
+def _record_resolved_dtype(out: Path | None, dtype: str) -> None:
+    """Write the resolved ``policy.dtype`` into the run's ``.hydra/config.yaml`` (Hydra wrote it with "auto"
+    before the job started), atomically; nothing without that file or when it holds another value."""
+    record = _hydra_record_dir(out) if out is not None else None
+    path = record / "config.yaml" if record is not None else None
+    if path is None or not path.is_file():
+        return
+    try:
+        saved = OmegaConf.load(path)
+        if OmegaConf.select(saved, "policy.dtype", default=None) != "auto":
+            return
+        saved.policy.dtype = dtype
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(OmegaConf.to_yaml(saved, resolve=False))
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - the record is informative; the run itself uses cfg
+        log.warning("could not record policy.dtype=%s in %s: %s", dtype, path, e)
+
+
 #: Written into a job's output folder when the job raises: the error and its traceback. The sweep
 #: summary (rlkit.sweep) shows its first line as the job's status.
 ERROR_FILE = "error.txt"
@@ -333,6 +398,10 @@ def run(cfg: DictConfig) -> dict:
             _accepted.discard(os.path.realpath(out))  # this attempt is not accepted yet
         try:
             check_top_level_keys(cfg)
+            resolved = resolve_policy_dtype(cfg)
+            if resolved is not None:
+                _say(f"policy.dtype=auto -> {resolved[0]} ({resolved[1]})")
+                _record_resolved_dtype(out, resolved[0])
             backend = instantiate_plugin(cfg.backend, "backend")
             result = backend.run(cfg)
         except Exception as e:
@@ -349,6 +418,14 @@ def run(cfg: DictConfig) -> dict:
         except OSError as e:  # the run itself succeeded; only the copy of its record did not
             log.warning("could not keep a copy of the run's Hydra record in %s: %s", out, e)
         return result
+
+
+def _say(text: str) -> None:
+    """One ``[rlkit] text`` line on stdout and in the run's log file (as rlkit.console.Progress.say)."""
+    from rlkit.console import to_log_files
+
+    print(f"[rlkit] {text}", flush=True)
+    to_log_files(f"[rlkit] {text}")
 
 
 class DiskFullError(OSError):
