@@ -11,6 +11,7 @@ import torch
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
 from rlkit.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
+from tests.conftest import TEST_DTYPE
 
 
 def test_encoded_answer_is_the_loss_masked_span(full_policy):
@@ -138,11 +139,13 @@ def test_short_grounding_run_reads_the_image(tmp_path):
 
     cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=160, batch_size=32, lr=1e-3, warmup_steps=0,
                           eval_every=20, val_questions=128, target_accuracy=0.95)
-    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype=TEST_DTYPE)  # as measured
     image = train_grounding(OneCellMaze(), policy, cfg, out_dir=tmp_path / "image")
     assert image["final"]["cell43"] >= 0.95, image["history"]
     steps = image["steps"]  # the blind control gets exactly as many steps
-    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype=TEST_DTYPE)  # as measured
     blind = train_grounding(OneCellMaze(), policy, GroundingConfig(**{**cfg.__dict__, "max_steps": steps,
                                                                       "eval_every": steps}), blind=True)
     assert blind["steps"] == steps and blind["final"]["cell43"] <= 0.7, blind["history"]
