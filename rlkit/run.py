@@ -39,8 +39,11 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
 
 
-def compose_train(overrides: list[str]) -> DictConfig:
-    """conf/train.yaml composed with these overrides, without the ``hydra`` node (as ``train.py`` composes it).
+def compose_train(overrides: list[str], resolve_dtype: bool = True) -> DictConfig:
+    """conf/train.yaml composed with these overrides, without the ``hydra`` node, as ``train.py``'s job sees it:
+    with ``policy.dtype: auto`` resolved for this machine (``resolve_policy_dtype``) unless ``resolve_dtype`` is
+    false, so a job composed here (a chained warm start's, ``sft.start_from_experiment``) keys its builds as that
+    job run by itself does.
 
     Inside a running job (Hydra already initialised by ``train.py``) it composes through that job's config
     search path; elsewhere (tests, scripts) from this checkout's conf/. Keys that interpolate ``${hydra:...}``
@@ -48,6 +51,13 @@ def compose_train(overrides: list[str]) -> DictConfig:
 
     Raises: ConfigError naming the overrides, with Hydra's message (an unknown group option, key or value).
     """
+    cfg = _compose_train(overrides)
+    if resolve_dtype:
+        resolve_policy_dtype(cfg)
+    return cfg
+
+
+def _compose_train(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

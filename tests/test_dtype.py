@@ -119,14 +119,21 @@ def test_explicit_bf16_without_native_bf16_runs_with_the_warning(monkeypatch, ca
     assert caplog.text == ""
 
 
-def _compose(*overrides):
+def _compose(*overrides, resolve_dtype=True):
     """compose_train with the ``paths`` a job gets from Hydra (``${hydra:...}`` resolves only inside one)."""
     return compose_train(["paths.output_dir=/tmp/out", "paths.cache_dir=/tmp/cache", "paths.shared=/tmp/shared",
-                          *overrides])
+                          *overrides], resolve_dtype=resolve_dtype)
 
 
-def test_the_tiny_default_is_auto():
-    assert compose_train([]).policy.dtype == "auto"
+def test_the_tiny_default_is_auto_and_compose_train_resolves_it(monkeypatch):
+    """compose_train gives the config as a train.py job sees it (a chained warm start composes its job with it, and
+    must key that job's builds as the job run by itself does)."""
+    assert compose_train([], resolve_dtype=False).policy.dtype == "auto"
+    monkeypatch.setenv(OVERRIDE_ENV, "1")
+    assert compose_train(["policy.device=cpu"]).policy.dtype == "bfloat16"
+    monkeypatch.setenv(OVERRIDE_ENV, "0")
+    assert compose_train(["policy.device=cpu"]).policy.dtype == "float32"
+    assert compose_train(["policy.device=cpu", "policy.dtype=bfloat16"]).policy.dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("forced, dtype", [("1", "bfloat16"), ("0", "float32")])
@@ -134,7 +141,7 @@ def test_auto_in_a_composed_config_keys_the_builds_as_the_explicit_dtype(monkeyp
     """A warm start built with an explicit ``policy.dtype=bfloat16`` (the tiny default before auto) is found again
     when auto resolves to bfloat16: the resolved config hashes byte for byte as the explicit one."""
     monkeypatch.setenv(OVERRIDE_ENV, forced)
-    auto = _compose("policy.device=cpu")
+    auto = _compose("policy.device=cpu", resolve_dtype=False)
     assert resolve_policy_dtype(auto) == (dtype, f"{OVERRIDE_ENV}={forced}")
     assert auto.policy.dtype == dtype and resolve_policy_dtype(auto) is None  # once: nothing left to resolve
     explicit = _compose("policy.device=cpu", f"policy.dtype={dtype}")
@@ -144,7 +151,7 @@ def test_auto_in_a_composed_config_keys_the_builds_as_the_explicit_dtype(monkeyp
                                                                                  explicit.policy)
     other = _compose("policy.device=cpu", f"policy.dtype={'float32' if dtype == 'bfloat16' else 'bfloat16'}")
     assert sft_cache_key(auto.sft, auto.env, auto.policy) != sft_cache_key(other.sft, other.env, other.policy)
-    unresolved = _compose("policy.device=cpu")
+    unresolved = _compose("policy.device=cpu", resolve_dtype=False)
     assert sft_cache_key(auto.sft, auto.env, auto.policy) != sft_cache_key(unresolved.sft, unresolved.env,
                                                                            unresolved.policy)
 
@@ -154,7 +161,7 @@ def test_the_device_a_run_trains_on(monkeypatch):
     assert policy_device_type(_compose("policy.device=cpu")) == "cpu"
     assert policy_device_type(compose_train(["policy.device=cuda"])) == "cuda"
     # Ray workers: their GPUs decide, not the driver's
-    ray = compose_train(["backend=native_ray", "backend.gpus_per_worker=1"])
+    ray = compose_train(["backend=native_ray", "backend.gpus_per_worker=1"], resolve_dtype=False)
     assert policy_device_type(ray) == "cuda" and resolve_policy_dtype(ray)[0] == "bfloat16"
     assert policy_device_type(compose_train(["backend=native_ray", "backend.gpus_per_worker=0"])) == "cpu"
     expected = "cuda" if torch.cuda.is_available() else "cpu"
@@ -192,7 +199,7 @@ def test_run_resolves_once_prints_it_and_records_it(tmp_path, monkeypatch, capsy
 
     monkeypatch.setenv(OVERRIDE_ENV, "0")
     cfg = compose_train(["policy.device=cpu", f"paths.output_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
-                         f"paths.shared={tmp_path / 'shared'}"])
+                         f"paths.shared={tmp_path / 'shared'}"], resolve_dtype=False)
     cfg.backend = OmegaConf.create({"_target_": f"{__name__}.StubBackend"})
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # as Hydra writes it: auto
