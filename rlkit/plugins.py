@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from rlkit.errors import ConfigError
 
@@ -31,8 +31,11 @@ def instantiate_plugin(node: Any, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"config group '{group}' ({target}): {type(cause).__name__}: {cause}{hint}") from None
 
 
-def compose_train(overrides: list[str]) -> DictConfig:
-    """conf/train.yaml composed with these overrides, without the ``hydra`` node (as ``train.py`` composes it).
+def compose_train(overrides: list[str], resolve_dtype: bool = True) -> DictConfig:
+    """conf/train.yaml composed with these overrides, without the ``hydra`` node, as ``train.py``'s job sees it:
+    with ``policy.dtype: auto`` resolved for this machine (``resolve_policy_dtype``) unless ``resolve_dtype`` is
+    false, so a job composed here (a chained warm start's, ``sft.start_from_experiment``) keys its builds as that
+    job run by itself does.
 
     Inside a running job (Hydra already initialised by ``train.py``) it composes through that job's config
     search path; elsewhere (tests, scripts) from this checkout's conf/. Keys that interpolate ``${hydra:...}``
@@ -40,6 +43,13 @@ def compose_train(overrides: list[str]) -> DictConfig:
 
     Raises: ConfigError naming the overrides, with Hydra's message (an unknown group option, key or value).
     """
+    cfg = _compose_train(overrides)
+    if resolve_dtype:
+        resolve_policy_dtype(cfg)
+    return cfg
+
+
+def _compose_train(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -80,3 +90,47 @@ def to_dataclass(node: DictConfig, cls: type) -> Any:
     return obj
 
 
+_POLICY_TARGETS = ("rlkit.policy.load_policy", "rlkit.policy.policy.load_policy")
+
+
+def policy_device_type(cfg: DictConfig) -> str:
+    """Where the run's policy computes: "cuda" or "cpu", read from the config without loading anything.
+
+    A backend with GPUs per worker or node (``backend.gpus_per_worker`` > 0: native_ray; ``backend.gpus_per_node``
+    > 0: skyrl) trains on CUDA; a Ray backend with ``gpus_per_worker: 0`` on CPU whatever the driver has. Otherwise
+    ``policy.device``: "cpu", "cuda"/"cuda:N", or "auto" = CUDA when torch sees a GPU here.
+    """
+    backend = cfg.get("backend") or {}
+    device = str(OmegaConf.select(cfg, "policy.device", default="auto") or "auto")
+    if device.startswith("cuda"):
+        return "cuda"
+    gpus = [backend.get(k) for k in ("gpus_per_worker", "gpus_per_node") if k in backend]
+    if any(float(g or 0) > 0 for g in gpus):
+        return "cuda"
+    if gpus or device == "cpu":
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_policy_dtype(cfg: DictConfig) -> tuple[str, str] | None:
+    """Replace ``policy.dtype: auto`` in ``cfg`` (in place) by the dtype it means for this run, once, before any
+    build: bfloat16 on CUDA and on a CPU with native bf16 matmuls, float32 on other CPUs (rlkit.hardware). Every
+    reader downstream then sees the concrete value: the build cache keys (rlkit.sft.cache_key_inputs hashes
+    ``cfg.policy``; a resolved bfloat16 keys exactly as an explicit ``policy.dtype=bfloat16`` did), the checkpoints'
+    config.yaml (a resume compares it), Ray workers (they receive ``cfg``) and the run's ``.hydra/config.yaml``
+    (rewritten by ``run``). The CPU is this process's; Ray CPU workers on other machines are assumed alike.
+
+    Returns: (dtype, reason) when ``cfg`` held "auto", else None (an explicit dtype, another policy plug-in, or
+    no policy node; an unknown value is left to the backend's check, which names the allowed ones).
+    """
+    from rlkit.hardware import resolve_dtype_here
+
+    node = cfg.get("policy")
+    if not OmegaConf.is_dict(node) or node.get("_target_") not in _POLICY_TARGETS or node.get("dtype") != "auto":
+        return None
+    dtype, reason = resolve_dtype_here("auto", policy_device_type(cfg))
+    with read_write(cfg):  # a read-only cfg (a test's) too
+        cfg.policy.dtype = dtype
+    return dtype, reason

@@ -13,7 +13,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.errors import ConfigError, DiskFullError
-from rlkit.plugins import compose_train, instantiate_plugin, instantiate_reward, to_dataclass  # noqa: F401 (re-exported)
+from rlkit.plugins import (  # noqa: F401 (re-exported)
+    compose_train,
+    instantiate_plugin,
+    instantiate_reward,
+    policy_device_type,
+    resolve_policy_dtype,
+    to_dataclass,
+)
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +181,25 @@ def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str
     return out
 
 
+def _record_resolved_dtype(out: Path | None, dtype: str) -> None:
+    """Write the resolved ``policy.dtype`` into the run's ``.hydra/config.yaml`` (Hydra wrote it with "auto"
+    before the job started), atomically; nothing without that file or when it holds another value."""
+    record = _hydra_record_dir(out) if out is not None else None
+    path = record / "config.yaml" if record is not None else None
+    if path is None or not path.is_file():
+        return
+    try:
+        saved = OmegaConf.load(path)
+        if OmegaConf.select(saved, "policy.dtype", default=None) != "auto":
+            return
+        saved.policy.dtype = dtype
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(OmegaConf.to_yaml(saved, resolve=False))
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - the record is informative; the run itself uses cfg
+        log.warning("could not record policy.dtype=%s in %s: %s", dtype, path, e)
+
+
 #: Written into a job's output folder when the job raises: the error and its traceback. The sweep
 #: summary (rlkit.sweep) shows its first line as the job's status.
 ERROR_FILE = "error.txt"
@@ -263,6 +289,10 @@ def run(cfg: DictConfig) -> dict:
             _accepted.discard(os.path.realpath(out))  # this attempt is not accepted yet
         try:
             check_top_level_keys(cfg)
+            resolved = resolve_policy_dtype(cfg)
+            if resolved is not None:
+                _say(f"policy.dtype=auto -> {resolved[0]} ({resolved[1]})")
+                _record_resolved_dtype(out, resolved[0])
             backend = instantiate_plugin(cfg.backend, "backend")
             result = backend.run(cfg)
         except Exception as e:
@@ -279,6 +309,14 @@ def run(cfg: DictConfig) -> dict:
         except OSError as e:  # the run itself succeeded; only the copy of its record did not
             log.warning("could not keep a copy of the run's Hydra record in %s: %s", out, e)
         return result
+
+
+def _say(text: str) -> None:
+    """One ``[rlkit] text`` line on stdout and in the run's log file (as rlkit.console.Progress.say)."""
+    from rlkit.console import to_log_files
+
+    print(f"[rlkit] {text}", flush=True)
+    to_log_files(f"[rlkit] {text}")
 
 
 def _explain_disk_full(err: Exception) -> Exception:

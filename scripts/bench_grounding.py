@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--env", default="visgym", help="a VisGym config of conf/env/ (its variant and cell size; the "
                    "tiny policy's image grid for it from conf/image_grid/ when there is one)")
     p.add_argument("--tiny", default="{}", help="JSON overrides of conf/policy/tiny_vl.yaml's tiny sizes")
-    p.add_argument("--dtype", default=None, help="policy dtype (default: conf/policy/tiny_vl.yaml's, bfloat16)")
+    p.add_argument("--dtype", default=None, help="policy dtype (default: conf/policy/tiny_vl.yaml's, auto: bfloat16 with native bf16 matmuls, else float32)")
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "tiny_vl"))
     p.add_argument("--out", default=str(ROOT / "bench_out" / "grounding"))
     p.add_argument("--arms", default="image,blind")

@@ -26,6 +26,14 @@ Single-process recipes (``backend=native``) can run one per core: start them you
 hydra.run.dir=<out>/seed<S>``, and ``control=fixed_image`` into ``<out>/seed<S>_fixed_image``), then
 collect them with ``--reuse``.
 
+Every printed summary line ends with the machine and the policy's dtype, e.g.
+``[AMD EPYC; avx2; no native bf16; float32]``, and headline.json keeps them per run (``machine``: the CPU
+model, arch, the flags avx2 / avx512f / avx512_bf16 / amx_bf16 / amx_tile it has and whether bf16 matmuls
+are native, rlkit.hardware.cpu_record; ``dtype``: the run's resolved ``policy.dtype``). A run trained here
+writes ``bench_machine.json`` into its folder, so a ``--reuse`` later, on any machine, names the machine that
+trained it ("machine unknown" for a folder from before). The dtype is result.json's ``policy_dtype`` when
+it has one, else the run's ``.hydra/config.yaml`` (where train.py writes the resolved value).
+
 Not a test: timings depend on the machine and its load.
 """
 
@@ -40,6 +48,41 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rlkit.hardware import cpu_record  # noqa: E402
+
+MACHINE_FILE = "bench_machine.json"
+
+
+def run_machine(run_dir: Path) -> dict | None:
+    """The machine that trained ``run_dir`` (its ``bench_machine.json``), or None when unrecorded."""
+    f = run_dir / MACHINE_FILE
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def run_dtype(run_dir: Path, result: dict) -> str | None:
+    """The policy dtype ``run_dir`` trained in: result.json's ``policy_dtype``, else ``policy.dtype`` of its
+    ``.hydra/config.yaml`` (train.py records the resolved value there); None when neither says."""
+    if result.get("policy_dtype"):
+        return str(result["policy_dtype"])
+    f = run_dir / ".hydra" / "config.yaml"
+    if not f.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(OmegaConf.load(f), "policy.dtype", default=None)
+
+
+def machine_tag(machine: dict | None, dtype: str | None) -> str:
+    """``[<CPU model>; <flags>; native bf16 | no native bf16; <dtype>]`` for the end of a printed line."""
+    if machine is None:
+        where = "machine unknown"
+    else:
+        where = (f"{machine.get('cpu') or 'unknown CPU'}; {' '.join(machine.get('flags') or []) or 'no avx2'}; "
+                 f"{'native bf16' if machine.get('native_bf16') else 'no native bf16'}")
+    return f"[{where}; {dtype or 'dtype unknown'}]"
 
 
 def curve(run_dir: Path) -> list[dict]:
@@ -78,7 +121,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report = {"overrides": args.overrides, "target": args.target, "runs": []}
+    report = {"overrides": args.overrides, "target": args.target, "machine": cpu_record(), "runs": []}
     def train(run_dir: Path, seed: int, extra: list[str]) -> float | None:
         """Run train.py into run_dir; its wall time in seconds (None for a reused run)."""
         if args.reuse and (run_dir / "result.json").is_file():
@@ -89,6 +132,7 @@ def main() -> None:
         print("+", " ".join(cmd), flush=True)
         t0 = time.time()
         subprocess.run(cmd, cwd=ROOT, check=True, env=dict(os.environ, WANDB_MODE="offline"))
+        (run_dir / MACHINE_FILE).write_text(json.dumps(cpu_record()))
         return time.time() - t0
 
     for seed in args.seeds:
@@ -101,32 +145,37 @@ def main() -> None:
             c_dir = out / f"seed{seed}_{args.control}"
             train(c_dir, seed, [f"control={args.control}"])
             c_result = json.loads((c_dir / "result.json").read_text())
-            control = {"control": args.control, "result": c_result, "curve": curve(c_dir)}
+            control = {"control": args.control, "result": c_result, "curve": curve(c_dir),
+                       "machine": run_machine(c_dir), "dtype": run_dtype(c_dir, c_result)}
         hit = next((r for r in rows if r["success"] >= args.target), None)
         sft = None  # the warm start this run started from (result.json names it), not whichever cache entry sorts last
         summary_path = result.get("warm_start_dir") and Path(result["warm_start_dir"]) / "sft_summary.json"
         if summary_path and summary_path.is_file():
             sft = json.loads(summary_path.read_text())
-        report["runs"].append({"seed": seed, "result": result, "curve": rows, "process_wall_s": total,
+        machine, dtype = run_machine(run_dir), run_dtype(run_dir, result)
+        tag = machine_tag(machine, dtype)
+        report["runs"].append({"seed": seed, "machine": machine, "dtype": dtype, "result": result, "curve": rows,
+                               "process_wall_s": total,
                                "reached_target_at": hit, "sft": sft and {k: sft[k] for k in ("steps", "val_success", "wall_time_s")},
                                "control": control})
         before = result["eval_success_before"]
         print(f"\nheadline: warm start {'-' if before is None else f'{before:.1%}'} -> {result['eval_success_after']:.1%} "
               f"after {result['steps_completed']} steps in {result['wall_time_s']:.0f} s (seed {seed}; "
-              + ("reused)" if total is None else f"{total:.0f} s with the one-time builds of a first run)"))
+              + ("reused)" if total is None else f"{total:.0f} s with the one-time builds of a first run)") + f" {tag}")
         if control is not None:
             c_res = control["result"]
             print(f"control {args.control}: warm start {c_res['eval_success_before']:.1%} -> "
-                  f"{c_res['eval_success_after']:.1%} after {c_res['steps_completed']} steps (seed {seed})")
+                  f"{c_res['eval_success_after']:.1%} after {c_res['steps_completed']} steps (seed {seed}) "
+                  f"{machine_tag(control['machine'], control['dtype'])}")
         c_by_step = {r["step"]: r["success"] for r in control["curve"]} if control else {}
         has_seen = any("seen" in r for r in rows)  # eval.seen_tasks: success on trained-on tasks beside the held-out
         print(f"{'step':>6} {'train s':>8} {'success':>8}" + (f" {'trained-on':>10}" if has_seen else "")
-              + (f" {'control':>8}" if control else ""))
+              + (f" {'control':>8}" if control else "") + f"  {tag}")
         for r in rows:
             s = (f" {r['seen']:>10.1%}" if "seen" in r else " " * 11) if has_seen else ""
             c = f" {c_by_step[r['step']]:>8.1%}" if r["step"] in c_by_step else ""
             print(f"{r['step']:>6} {r['wall_time_s']:>8.0f} {r['success']:>8.1%}{s}{c}")
-        print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no")
+        print("target reached:", f"step {hit['step']} at {hit['wall_time_s']:.0f}s" if hit else "no", tag)
     (out / "headline.json").write_text(json.dumps(report, indent=1))
     try:
         import matplotlib
@@ -163,6 +212,8 @@ def main() -> None:
                           else "greedy success on the eval set (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
+        tags = sorted({machine_tag(run["machine"], run["dtype"]) for run in report["runs"]})
+        fig.suptitle(" / ".join(tags), fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "headline.png", dpi=110)
     except ImportError:

@@ -28,6 +28,14 @@ TINY_TEST_SIZES = dict(
 )
 
 
+#: The dtype of the tests that load a TINY_TEST_SIZES checkpoint directly to check code paths (the engine against
+#: the training forward, the shared prefix, exact resume, weight sync) at float32 tolerances. They ran in float32
+#: on every CPU while ``policy.dtype=auto`` meant float32 on CPU; auto now means bf16 on a CPU with native bf16
+#: matmuls (rlkit.hardware), so they name float32. Tests of the composed config (conf/policy/tiny_vl.yaml) run
+#: in the dtype auto resolves to, as the job does; tests about bf16 name bfloat16.
+TEST_DTYPE = "float32"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
     # One intra-op thread: the models here are tiny, and on a shared 2-core machine a 2-thread

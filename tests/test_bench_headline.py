@@ -46,3 +46,28 @@ def test_reused_runs_give_the_headline_lines_and_controls_only_where_asked(tmp_p
     assert [r.get("seen") for r in seed1["curve"]] == [0.578, 0.97, 0.99]
     assert all("seen" not in r for r in seed0["curve"])
     assert "    30       58    95.3%      97.0%" in proc.stdout
+
+
+def test_every_line_names_the_machine_and_the_dtype(tmp_path):
+    """A run folder records the CPU that trained it (bench_machine.json) and its resolved dtype
+    (.hydra/config.yaml, as train.py rewrites it); a folder from before says so instead of guessing."""
+    out = tmp_path / "bench"
+    _fake_run(out / "seed0", [(0, 0.0, 0.25), (30, 60.0, 0.844)])
+    (out / "seed0" / ".hydra").mkdir()
+    (out / "seed0" / ".hydra" / "config.yaml").write_text("policy:\n  dtype: float32\n")
+    (out / "seed0" / "bench_machine.json").write_text(json.dumps(
+        {"cpu": "AMD EPYC 7B13", "arch": "x86_64", "flags": ["avx2"], "native_bf16": False}))
+    _fake_run(out / "seed1", [(0, 0.0, 0.3), (30, 60.0, 0.9)])
+    result = json.loads((out / "seed1" / "result.json").read_text())
+    (out / "seed1" / "result.json").write_text(json.dumps({**result, "policy_dtype": "bfloat16"}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_headline.py"), "--reuse", "--seeds", "0", "1",
+                           "--control", "none", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tag0 = "[AMD EPYC 7B13; avx2; no native bf16; float32]"
+    assert f"headline: warm start 25.0% -> 84.4% after 30 steps in 60 s (seed 0; reused) {tag0}" in proc.stdout
+    assert f"target reached: no {tag0}" in proc.stdout
+    assert "(seed 1; reused) [machine unknown; bfloat16]" in proc.stdout
+    report = json.loads((out / "headline.json").read_text())
+    assert [(r["machine"] or {}).get("cpu") for r in report["runs"]] == ["AMD EPYC 7B13", None]
+    assert [r["dtype"] for r in report["runs"]] == ["float32", "bfloat16"]
+    assert set(report["machine"]) == {"cpu", "arch", "flags", "native_bf16"}  # the machine that wrote the report

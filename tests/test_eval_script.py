@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from envs.visgym import VisGymMaze
+from tests.conftest import TEST_DTYPE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +130,8 @@ def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypa
     from rlkit.policy import load_policy
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
-    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", dtype=TEST_DTYPE,
+                         lora={"enabled": False})
     seeds = env.eval_seeds()[:2]
     asked = []
 
@@ -180,7 +182,8 @@ def test_reading_asks_every_checkpoint_the_same_questions(monkeypatch, capsys, t
     from rlkit.policy import load_policy
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
-    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", dtype=TEST_DTYPE,
+                         lora={"enabled": False})
     asked: list[list[int]] = []
     monkeypatch.setattr(rlkit.grounding, "token_hits", lambda policy, items, batch_size=64: (
         asked.append([tuple(it.trajectory.input_ids) for it in items]) or [[True] * it.answer_len for it in items]))

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
+from rlkit.hardware import DTYPES, resolve_dtype, resolve_dtype_here, this_cpu_has_native_bf16
 from rlkit.policy.chat import ChatFormat
 from rlkit.policy.lora import (
     AdapterInfo,
@@ -56,7 +57,10 @@ class PolicyConfig:
     name: label for logs ("tiny_vl", "qwen3_vl_8b").
     path: local checkpoint dir or Hugging Face model id; null = build the tiny model from ``tiny``.
     tiny: TinyVLSizes of the tiny model (only with path null).
-    dtype: "auto" (bfloat16 on CUDA, float32 on CPU) | "float32" | "bfloat16" | "float16".
+    dtype: "auto" | "float32" | "bfloat16" | "float16". auto: bfloat16 on CUDA and on a CPU with native bf16
+        matmuls (x86 avx512_bf16/amx_bf16, aarch64 bf16), float32 on other CPUs (rlkit.hardware). A train.py
+        run resolves it once, before any build (rlkit.run.resolve_policy_dtype); a config that reaches
+        load_policy with "auto" (scripts, tests) resolves it here, the same way.
     device: "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:N".
     attn_implementation: "sdpa" | "eager" | "flash_attention_2" (needs the flash-attn package). On CPU,
         "sdpa" runs the language model's small causal attention calls (decode steps, short prompts and
@@ -110,8 +114,8 @@ class PolicyConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the field for an invalid value."""
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ValueError(f"policy.dtype={self.dtype!r}: expected auto, {', '.join(_DTYPES)}")
+        if self.dtype not in DTYPES:
+            resolve_dtype(self.dtype, "cpu")  # raises, naming the allowed values
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"policy.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
@@ -131,24 +135,23 @@ class PolicyConfig:
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """"auto" -> bfloat16 on CUDA, float32 elsewhere. bfloat16 on a CPU without native bf16
-        matmuls (oneDNN's check: AVX512-BF16 or AMX) is allowed but logged as slow: there it is
-        emulated, while a CPU with avx512_bf16 runs the tiny policy's warm-start step 1.6x faster than
-        float32 (scripts/bench_sft.py; docs/speed.md)."""
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        if self.dtype == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
+        """"auto" -> bfloat16 on CUDA and on a CPU with native bf16 matmuls, float32 on other CPUs
+        (rlkit.hardware.resolve_dtype_here). bfloat16 on a CPU without native bf16 matmuls is allowed but
+        logged as slow: there it is emulated (about 10x slower than float32 on an AVX2-only CPU), while a CPU
+        with avx512_bf16 runs the tiny policy's warm-start step 1.6x faster than float32
+        (scripts/bench_sft.py; docs/speed.md)."""
+        name, _ = resolve_dtype_here(self.dtype, device.type)
+        if self.dtype == "bfloat16" and device.type == "cpu" and not this_cpu_has_native_bf16():
             log.warning("policy.dtype=bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/AMX): "
-                        "it runs, emulated and slower than float32; set policy.dtype=float32 on this machine")
-        return _DTYPES[self.dtype]
+                        "it runs, emulated and slower than float32; set policy.dtype=auto (float32 here) or "
+                        "policy.dtype=float32 on this machine")
+        return _DTYPES[name]
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bf16 matmuls natively (oneDNN's own check: AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    """True when this CPU runs bf16 matmuls natively (rlkit.hardware.this_cpu_has_native_bf16: avx512_bf16 or
+    AMX-BF16 on x86, bf16 on aarch64; $RLKIT_CPU_BF16 overrides)."""
+    return this_cpu_has_native_bf16()
 
 
 def _check_keys(where: str, values: Mapping[str, Any], cls) -> None:

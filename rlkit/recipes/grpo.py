@@ -43,9 +43,10 @@ from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
 from rlkit.errors import ConfigError
 from rlkit.evaluation import task_sets, write_outcomes
 from rlkit.faults import maybe_crash
+from rlkit.hardware import cpu_record
 from rlkit.loggers import MetricsFile
 from rlkit.metrics_export import with_cluster_metrics
-from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
+from rlkit.plugins import instantiate_plugin, instantiate_reward, resolve_policy_dtype, to_dataclass
 from rlkit.policy import SamplingParams
 from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
@@ -63,6 +64,7 @@ class GRPORecipe:
     """One GRPO job: ``GRPORecipe(cfg, executor).run()`` -> the result dict (also ``result.json``)."""
 
     def __init__(self, cfg: DictConfig, executor: Executor):
+        resolve_policy_dtype(cfg)  # policy.dtype=auto -> this machine's (run() did it already; idempotent)
         self.cfg, self.executor = cfg, executor
         self.algo: AlgorithmConfig = to_dataclass(cfg.algorithm, AlgorithmConfig)
         self.optim: OptimConfig = to_dataclass(cfg.optim, OptimConfig)
@@ -380,6 +382,7 @@ class GRPORecipe:
             "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
             "setup_time_s": round(setup_s, 2), "warm_start_dir": self.base_path, "overrides": run_name(),
             "wandb_run_id": self.state.run_id, "host": platform.node(),
+            "policy_dtype": OmegaConf.select(self.cfg, "policy.dtype"), "machine": cpu_record(),
         }
         (self.out / "result.json").write_text(json.dumps(result, indent=2))
         before = "-" if result["eval_success_before"] is None else f"{result['eval_success_before']:.1%}"

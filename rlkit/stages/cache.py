@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlkit.config import KEYS_ADDED_LATER, compat_table
+from rlkit.hardware import cpu_record
 from rlkit.tasks import TaskSampler
 from rlkit.types import EnvSpec, SupportsDemonstrations
 
@@ -114,17 +114,6 @@ def cache_key_inputs(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any 
     return content
 
 
-def _cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else platform.processor(), else ''."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def build_record(build: dict[str, Any] | None, policy: Any = None) -> dict[str, Any]:
     """What a one-time build's summary keeps of how it was built (``build`` in sft_summary.json and
     grounding_summary.json, listed by scripts/cache.py): the caller's ``build`` (stage, the checkpoint it
@@ -137,7 +126,8 @@ def build_record(build: dict[str, Any] | None, policy: Any = None) -> dict[str, 
         record["key"] = cache_key_of(record["inputs"])
     device = next(policy.model.parameters()).device if policy is not None else torch.device("cpu")
     record.update({"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "cpu": _cpu_name(),
+                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "cpu": cpu_record()["cpu"],
+                   "cpu_flags": cpu_record()["flags"],
                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return json.loads(json.dumps(record, default=str))
 

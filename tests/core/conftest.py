@@ -1,6 +1,7 @@
 """Fixtures for the core loop tests: a small tiny-Qwen3-VL checkpoint and the VisGym env specs."""
 
 import pytest
+from tests.conftest import TEST_DTYPE
 
 
 
@@ -13,7 +14,8 @@ def small_ckpt(tiny_test_ckpt):
 def policy(small_ckpt):
     from rlkit.policy import load_policy
 
-    return load_policy(name="core_test", path=str(small_ckpt), device="cpu", lora={"rank": 8, "alpha": 16})
+    return load_policy(name="core_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                       lora={"rank": 8, "alpha": 16})
 
 
 @pytest.fixture
@@ -21,7 +23,7 @@ def full_policy(small_ckpt):
     """The small checkpoint with every weight trainable, as the one-time builds (grounding, warm start) train it."""
     from rlkit.policy import load_policy
 
-    return load_policy(name="full_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
+    return load_policy(name="full_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE, lora={"enabled": False})
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import torch
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
 from rlkit.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
+from tests.conftest import TEST_DTYPE
 
 
 def test_encoded_answer_is_the_loss_masked_span(full_policy):
@@ -138,11 +139,13 @@ def test_short_grounding_run_reads_the_image(tmp_path):
 
     cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=160, batch_size=32, lr=1e-3, warmup_steps=0,
                           eval_every=20, val_questions=128, target_accuracy=0.95)
-    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype=TEST_DTYPE)  # as measured
     image = train_grounding(OneCellMaze(), policy, cfg, out_dir=tmp_path / "image")
     assert image["final"]["cell43"] >= 0.95, image["history"]
     steps = image["steps"]  # the blind control gets exactly as many steps
-    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
+    policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
+                         dtype=TEST_DTYPE)  # as measured
     blind = train_grounding(OneCellMaze(), policy, GroundingConfig(**{**cfg.__dict__, "max_steps": steps,
                                                                       "eval_every": steps}), blind=True)
     assert blind["steps"] == steps and blind["final"]["cell43"] <= 0.7, blind["history"]
@@ -160,20 +163,20 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
     the blind control (the same steps, one fixed image) can only learn each bit's prior (~72%).
 
     Measured (bf16, 1 thread): 94.5% at step 75, 99.5% at 100, 100% from 150; blind 72.5-74.4%
-    from step 75 to 300 (scripts/bench_grounding.py --env visgym_small --tasks walls)."""
+    from step 75 to 300 (scripts/bench_grounding.py --env visgym_small --tasks walls). The policy runs in the
+    dtype ``auto`` resolves to (rlkit.hardware): bf16 with native bf16 matmuls, float32 elsewhere; in
+    emulated bf16 an AVX2-only CPU took over 600 s here, in float32 it passes in 225 s of CPU time."""
     from rlkit.policy import load_policy
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan")
     sizes = {**GROUNDING_SIZES, "image_max_pixels": 3136}  # 56x56 px: one image token per maze cell
     cfg = GroundingConfig(curriculum=[["walls"]], max_steps=150, batch_size=32, lr=1e-3, warmup_steps=20,
                           eval_every=25, val_questions=64, target_accuracy=0.98)
-    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
-                         dtype="bfloat16")
+    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
     image = train_grounding(env, policy, cfg)
     assert image["final"]["wall_bits"] >= 0.95, image["history"]
     steps = image["steps"]
-    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
-                         dtype="bfloat16")
+    policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
     blind = train_grounding(env, policy, GroundingConfig(**{**cfg.__dict__, "max_steps": steps,
                                                               "eval_every": steps}), blind=True)
     assert blind["steps"] == steps and blind["final"]["wall_bits"] <= 0.82, blind["history"]

@@ -10,6 +10,7 @@ from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
 from rlkit.policy import load_policy
 from rlkit.sft import partial_dir
+from tests.conftest import TEST_DTYPE
 
 # two phases, the second reached at the first check (advance_accuracy 0), so the resumed build must
 # also come back in the right phase; warmup spans the stop, so the lr schedule's state counts too
@@ -18,7 +19,8 @@ CFG = GroundingConfig(curriculum=[["agent"], ["walls"]], advance_accuracy=0.0, t
 
 
 def _build(small_ckpt, out_dir, **kw):
-    policy = load_policy(name="grounding_resume_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="grounding_resume_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                         lora={"enabled": False})
     return policy, grounding_mod.train_grounding(VisGymMaze(), policy, CFG, out_dir=out_dir, **kw)
 
 
@@ -70,7 +72,8 @@ def test_an_unreadable_grounding_save_is_removed_and_the_build_starts_over(small
 
 def test_the_blind_control_saves_no_progress(small_ckpt, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    policy = load_policy(name="grounding_resume_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="grounding_resume_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                         lora={"enabled": False})
     grounding_mod.train_grounding(VisGymMaze(), policy, GroundingConfig(**{**CFG.__dict__, "max_steps": 2}),
                                   blind=True)
     assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from rlkit.update import warmup_schedule
+from tests.conftest import TEST_DTYPE
 
 
 def test_constant_after_a_linear_warmup():
@@ -35,7 +36,8 @@ def test_the_warm_start_decays_its_lr_on_sft_lr_schedule_cosine(small_ckpt, tmp_
     from rlkit.policy import SamplingParams, load_policy, make_engine
     from rlkit.sft import train_sft
 
-    policy = load_policy(name="sft_cosine_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="sft_cosine_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                         lora={"enabled": False})
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, n=1, seed=0)
     cfg = SFTConfig(num_demos=0, max_steps=5, batch_size=2, lr=1e-3, warmup_steps=1, lr_schedule="cosine",

@@ -9,10 +9,12 @@ import rlkit.sft as sft_mod
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import SFTConfig
 from rlkit.policy import SamplingParams, load_policy, make_engine
+from tests.conftest import TEST_DTYPE
 
 
 def _policy(small_ckpt):
-    return load_policy(name="sft_resume_test", path=str(small_ckpt), device="cpu", lora={"enabled": False})
+    return load_policy(name="sft_resume_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                       lora={"enabled": False})
 
 
 def _build(small_ckpt, cfg, out_dir, **kw):

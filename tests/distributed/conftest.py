@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEST_SIZES as SIZES  # noqa: E402,F401
+from tests.conftest import TEST_DTYPE
 
 LORA = {"rank": 4, "alpha": 8}
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -27,7 +28,7 @@ def tiny_ckpt(tiny_test_ckpt):
 def policy_node(tiny_ckpt):
     """A conf/policy node (plain dict) for the tiny checkpoint, as the backend hands it to workers."""
     return {"_target_": "rlkit.policy.load_policy", "name": "dist_test", "path": str(tiny_ckpt), "device": "cpu",
-            "lora": dict(LORA)}
+            "dtype": TEST_DTYPE, "lora": dict(LORA)}
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +41,7 @@ def make_policy(tiny_ckpt):
     from rlkit.policy import load_policy
 
     def _make():
-        return load_policy(name="dist_test", path=str(tiny_ckpt), device="cpu", lora=dict(LORA))
+        return load_policy(name="dist_test", path=str(tiny_ckpt), device="cpu", dtype=TEST_DTYPE, lora=dict(LORA))
 
     return _make
 

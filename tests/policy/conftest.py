@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.conftest import TEST_DTYPE
 from tests.conftest import TINY_TEST_SIZES as TEST_SIZES  # noqa: E402,F401  (re-exported for tests)
 
 
@@ -23,6 +24,7 @@ def make_policy(tiny_dir):
     def _make(**kw):
         kw.setdefault("lora", {"rank": 4, "alpha": 8})
         kw.setdefault("device", "cpu")
+        kw.setdefault("dtype", TEST_DTYPE)
         return load_policy(name="test_tiny", path=str(tiny_dir), **kw)
 
     return _make

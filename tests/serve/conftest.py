@@ -14,6 +14,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 
 from tests.policy.conftest import TEST_SIZES, perturb_lora  # noqa: E402
+from tests.conftest import TEST_DTYPE
 
 #: API key of the test servers.
 API_KEY = "test-key-123"
@@ -32,7 +33,8 @@ def adapters(base_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve_adapters")
     out = {}
     for name, seed in (("a", 1), ("b", 2)):
-        policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", lora={"rank": 4, "alpha": 8})
+        policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", dtype=TEST_DTYPE,
+                             lora={"rank": 4, "alpha": 8})
         perturb_lora(policy.model, seed, scale=1.0)
         policy.save_adapter(root / name)
         out[name] = root / name

@@ -7,6 +7,7 @@ import pytest
 from rlkit.serve.conversation import SampledIds, Turn, build_prompt, parse_messages, remember_completion
 from rlkit.serve.play import observation_message
 from rlkit.serve.protocol import APIError, ChatRequest, ServeLimits
+from tests.conftest import TEST_DTYPE
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int]]:
@@ -28,7 +29,7 @@ def episode(base_dir, adapters):
     from rlkit.policy import SamplingParams, load_policy, make_engine
     from rlkit.rollout import rollout
 
-    policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", lora={"rank": 4, "alpha": 8})
+    policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", dtype=TEST_DTYPE, lora={"rank": 4, "alpha": 8})
     policy.load_adapter(adapters["a"])
     spec = VisGymMaze(mode="interactive", max_turns=3)
     traj = rollout(spec, policy, make_engine(policy), [5], 1, SamplingParams(temperature=0, max_new_tokens=24), 0)[0]
@@ -109,7 +110,7 @@ def test_images_go_before_text_in_order(base_dir):
     from rlkit.policy import load_policy
     from rlkit.serve.play import image_data_url
 
-    policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", lora={"enabled": False})
+    policy = load_policy(name="serve_test", path=str(base_dir), device="cpu", dtype=TEST_DTYPE, lora={"enabled": False})
     red, blue = Image.new("RGB", (40, 40), (255, 0, 0)), Image.new("RGB", (64, 40), (0, 0, 255))
     msgs = [{"role": "user", "content": [{"type": "text", "text": "look"},
                                          {"type": "image_url", "image_url": {"url": image_data_url(red)}},

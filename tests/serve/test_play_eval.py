@@ -46,7 +46,7 @@ def outcomes(path: Path) -> list[dict]:
 def test_play_equals_eval_per_maze(server, adapters, tmp_path, env_overrides, num_tasks):
     eval_out, play_out = tmp_path / "eval.json", tmp_path / "play.json"
     # both sides in float32: the server's test host is built without the main job's policy config
-    # (whose CPU default is bf16), and greedy replies of a random-weight model must match token for token
+    # (auto is bf16 on a CPU with native bf16 matmuls), and greedy replies of a random-weight model must match token for token
     rc = load_script("eval").main([str(adapters["a"]), *env_overrides, "policy.dtype=float32", "--num-tasks", str(num_tasks),
                                    "--out", str(eval_out)])
     assert rc == 0

@@ -519,8 +519,9 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
         raise ConfigError(f"config group 'policy' ({target}) is invalid: {e}") from e
     if pc.path is None:
         problems.append("policy.path=null (the tiny CPU model): vLLM needs a checkpoint dir or a Hub id")
-    if pc.dtype not in ("auto", "bfloat16"):
-        problems.append(f"policy.dtype={pc.dtype}: SkyRL trains in bf16 mixed precision; use auto or bfloat16")
+    if pc.dtype not in ("auto", "bfloat16"):  # auto is bfloat16 on GPU (rlkit.hardware; rlkit.run resolves it so)
+        problems.append(f"policy.dtype={pc.dtype}: SkyRL trains in bf16 mixed precision; use auto (bfloat16 on GPU) "
+                        "or bfloat16")
     if pc.device not in ("auto", "cuda"):
         problems.append(f"policy.device={pc.device}: SkyRL places its workers on the Ray cluster's GPUs; use auto")
     if pc.attn_implementation == "eager":
