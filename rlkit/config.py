@@ -237,7 +237,7 @@ class GroundingConfig:
     target_accuracy: float = 0.99
     val_questions: int = 256
     eval_every: int = 25
-    tasks: list[str] = field(default_factory=lambda: ["walls"])
+    tasks: list[str] = field(default_factory=list)
     seed: int = 4321
 
 

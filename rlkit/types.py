@@ -76,6 +76,8 @@ class EnvSpec(Protocol):
 
     Optional: stop_strings, a tuple of strings that end a policy turn as soon as its text contains one
     (the default of ``rollout.stop``; e.g. VisGym's "</answer>" for parsers that read an answer block).
+    Optional: eval_holdout_keys, the env config keys that decide what training holds out of the evaluation set
+    (VisGym: ("holdout",)): a chained warm start's job that evaluates on the same set takes this job's values.
     Optional capabilities are the ``Supports*`` protocols below: the recipe checks, before any work, that
     the env has each one its configured stages need (rlkit.recipes.validation.capability_problems), and refuses with a
     config error naming the capability and the override that avoids it.
@@ -165,8 +167,10 @@ class SupportsGroundingQuestions(Protocol):
     grounding_tasks: the question kinds it offers (e.g. VisGym's "cell", "walls").
     grounding_example(seed, task, rng): one question of kind ``task`` on task ``seed``'s picture, drawn with
     the numpy Generator ``rng``; an object with ``image`` (PIL), ``question`` and ``answer`` (str) and,
-    optionally, ``wall_bit`` / ``bit_offsets`` for per-bit accuracy (rlkit.stages.grounding.encode_example).
+    optionally, ``wall_bit`` (the question asks one bit) / ``bit_offsets`` (the answer's characters that are bits)
+    for per-bit accuracy (rlkit.stages.grounding.encode_example).
 
+    Optional: ``grounding_bits_name``, what accuracy tables call the bits the questions ask (default "bits").
     Needed by the grounding stage (``grounding.enabled=true`` with a tiny policy) and ``sft.grounding_mix > 0``.
     """
 

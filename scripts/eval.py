@@ -200,7 +200,7 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
     import numpy as np
 
     from rlkit.controls import FixedImageEnvSpec
-    from rlkit.stages.grounding import accuracy_table, encode_example, format_table, token_hits
+    from rlkit.stages.grounding import accuracy_table, bits_name, encode_example, format_table, token_hits
 
     rng = np.random.default_rng(seed)
     try:
@@ -210,7 +210,7 @@ def eval_reading(env_spec, policy, seeds: list[int], tasks: list[str], per_maze:
         print(f"error: --reading: {e}", file=sys.stderr)
         return 2
     per_token = token_hits(policy, items, batch_size)
-    table = accuracy_table(items, [all(h) for h in per_token], per_token)
+    table = accuracy_table(items, [all(h) for h in per_token], per_token, bits_name(env_spec))
     real = " (the real pictures: control=fixed_image does not apply)" if isinstance(env_spec, FixedImageEnvSpec) else ""
     print(f"[rlkit] reading on {len(seeds)} evaluation mazes{real} ({per_maze} question(s) each of "
           f"{', '.join(tasks)}; teacher-forced): {table['all']:.1%} exact" +

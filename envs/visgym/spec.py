@@ -267,6 +267,8 @@ class VisGymMaze:
     # -- visual grounding pretraining (rlkit.stages.grounding) ----------------------------------------
 
     grounding_tasks = GROUNDING_TASKS
+    grounding_bits_name = "wall_bits"  # the bits its questions ask, as accuracy tables name them
+    eval_holdout_keys = ("holdout",)  # config keys that decide what training holds out of the evaluation set
 
     def grounding_example(self, seed: int, task: str, rng: np.random.Generator) -> GroundingExample:
         """One grounding question on maze ``seed`` drawn with ``rng`` (see envs/visgym/grounding.py),

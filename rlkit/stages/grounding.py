@@ -47,7 +47,15 @@ from rlkit.types import Episode, SupportsGroundingQuestions
 _GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "history",
                            "table", "wall_time_s", "resumed_at")
 
-WALL_BITS = "wall_bits"  #: pseudo-task in accuracy tables: "cell" questions about wall bits only
+#: The accuracy tables' pseudo-task of the bits the questions ask (one per flagged question, one per bit token of a
+#: transcription): named by the env (``SupportsGroundingQuestions.grounding_bits_name``), else this.
+BITS = "bits"
+
+
+def bits_name(env_spec: Any) -> str:
+    """What the env calls the bits its grounding questions ask, as its accuracy tables name them (VisGym:
+    "wall_bits"); ``BITS`` when it does not say."""
+    return str(getattr(env_spec, "grounding_bits_name", BITS))
 
 
 @dataclass
@@ -140,18 +148,18 @@ def token_hits(policy: Any, items: Sequence[GroundingItem], batch_size: int = 64
 
 
 def accuracy_table(items: Sequence[GroundingItem], hits: Sequence[bool],
-                   per_token: Sequence[Sequence[bool]] | None = None) -> dict[str, float]:
-    """Exact-match accuracy per task and ``all``, plus ``wall_bits``: the accuracy over every wall
-    bit asked, a ``cell`` question about a wall bit counting one bit and a ``walls`` transcription
-    counting each of its bits (its token in ``per_token``, teacher-forced; see ``token_hits``). ``wall_bits`` is
-    left out when no question asks a wall bit (it would be the mean of nothing)."""
+                   per_token: Sequence[Sequence[bool]] | None = None, bits: str = BITS) -> dict[str, float]:
+    """Exact-match accuracy per task and ``all``, plus ``bits`` (the env's name for them, ``bits_name``): the
+    accuracy over every bit asked, a question flagged ``wall_bit`` counting one bit and a transcription counting
+    each of its bits (its token in ``per_token``, teacher-forced; see ``token_hits``). ``bits`` is left out when no
+    question asks a bit (it would be the mean of nothing)."""
     groups: dict[str, list[bool]] = defaultdict(list)
     for k, (it, h) in enumerate(zip(items, hits)):
         groups[it.task].append(h)
         if it.wall_bit:
-            groups[WALL_BITS].append(h)
+            groups[bits].append(h)
         if per_token is not None and getattr(it, "bit_tokens", ()):
-            groups[WALL_BITS].extend(bool(per_token[k][b]) for b in it.bit_tokens)
+            groups[bits].extend(bool(per_token[k][b]) for b in it.bit_tokens)
         groups["all"].append(h)
     return {k: float(np.mean(v)) for k, v in sorted(groups.items())}
 
@@ -218,7 +226,7 @@ def train_grounding(
         questions), history (one entry per check: step, loss, accuracy table); resumed_at (the steps
         it resumed from) when it did; with an ``out_dir``, build (rlkit.stages.cache.build_record(build)). Written to
         ``out_dir/grounding_summary.json`` when out_dir is given. Training stops early once the
-        held-out ``wall_bits`` accuracy (or ``all`` when the env has no wall bits) reaches
+        held-out accuracy of the bits asked (``bits_name``; ``all`` when no question asks a bit) reaches
         ``target_accuracy``.
 
     Raises:
@@ -237,7 +245,7 @@ def train_grounding(
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    key = WALL_BITS if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
+    key = bits_name(env_spec) if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
     history: list[dict[str, Any]] = []
     table: dict[str, float] | None = None
     step = 0
@@ -279,7 +287,7 @@ def train_grounding(
         checked = step % cfg.eval_every == 0 or step == cfg.max_steps
         if checked:
             per_token = token_hits(policy, val_items)
-            table = accuracy_table(val_items, [all(h) for h in per_token], per_token)
+            table = accuracy_table(val_items, [all(h) for h in per_token], per_token, bits_name(env_spec))
             history.append({"step": step, "loss": float(loss.detach()), "accuracy": table,
                             "wall_time_s": elapsed + time.time() - t0})
         if progress is not None:

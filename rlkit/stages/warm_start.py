@@ -136,7 +136,7 @@ def check_answer_fits(job: WarmStartJob, tokenizer: Any) -> None:
     have = int(job.cfg.rollout.max_new_tokens)
     if need > have:
         raise ConfigError(f"rollout.max_new_tokens={have} cuts answers: the solver's answer to evaluation task "
-                          f"{seed} is {need} tokens in env.parser={job.cfg.env.get('parser', '?')}'s format; "
+                          f"{seed} is {need} tokens in the env's answer format; "
                           f"set rollout.max_new_tokens={need} or more")
 
 
@@ -160,7 +160,8 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
     """
     chain, plan = [job], [job]
     outer = job
-    holdout = (getattr(outer.env_spec, "eval_set_name", None), outer.cfg.env.get("holdout"))
+    keys = tuple(getattr(outer.env_spec, "eval_holdout_keys", ()))  # what decides the held-out set (rlkit.types)
+    holdout = (getattr(outer.env_spec, "eval_set_name", None), {k: outer.cfg.env.get(k) for k in keys})
     names: list[str] = []
     while chain[-1].start_from:
         inner, source = chain[-1], chain[-1].start_from
@@ -172,13 +173,15 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
         group, name = source.split("=", 1)
         other = compose_train([source])
         other_spec = instantiate_plugin(other.env, "env")
-        if (holdout[0] is not None and getattr(other_spec, "eval_set_name", None) == holdout[0]
-                and other.env.get("holdout") != holdout[1]):
+        differ = {k: v for k, v in holdout[1].items() if other.env.get(k) != v}
+        if holdout[0] is not None and getattr(other_spec, "eval_set_name", None) == holdout[0] and differ:
             with open_dict(other):
-                other.env.holdout = holdout[1]
+                for k, v in differ.items():
+                    other.env[k] = v
             other_spec = instantiate_plugin(other.env, "env")
+            shown = " ".join(f"env.{k}={v}" for k, v in differ.items())
             say(f"SFT warm start: {source} evaluates on {holdout[0]} too, so its stages hold out what this job "
-                f"does (env.holdout={holdout[1]})")
+                f"does ({shown})")
         try:  # the link from `inner` to `source`: refused in `inner`'s words, prefixed with the chain to `inner`
             _check_link(inner.cfg, other, source)
         except ConfigError as e:
@@ -253,11 +256,11 @@ def chained_policy(job: WarmStartJob, path: str | Path) -> dict[str, Any]:
 
 def _with_mixed_tasks(job: WarmStartJob, key: dict[str, Any]) -> dict[str, Any]:
     """A warm-start stage's cache key plus the grounding tasks it mixes in, when it mixes some and they are not
-    ``["walls"]``, the tasks of every build before this key existed (their keys stay)."""
+    the tasks of every build before this key existed (conf/compat.yaml ``grounding_key.mix_tasks_unkeyed``)."""
     if int(key.get("grounding_mix") or 0) <= 0 or not isinstance(job.env_spec, SupportsGroundingQuestions):
         return key
     tasks = grounding_task_list(job)
-    return key if tasks == ["walls"] else {**key, "grounding_mix_tasks": tasks}
+    return key if tasks == compat_table("grounding_key")["mix_tasks_unkeyed"] else {**key, "grounding_mix_tasks": tasks}
 
 
 def grounded_base(job: WarmStartJob, progress: Any) -> str | None:
