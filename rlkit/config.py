@@ -155,10 +155,10 @@ class TrainerConfig:
     # torch intra-op threads of the one-time builds (grounding stage, SFT warm start), which run alone in the
     # driver before the rollout and trainer workers start; None = $OMP_NUM_THREADS when set (the Ray launcher
     # sets it for a job to its entrypoint_num_cpus), else the cores this process may use under its cgroup's
-    # CPU quota (rlkit.recipes.threads.build_threads). Training then uses num_threads. 1 by default: a build's
-    # numbers depend on its thread count, and the documented builds were made on 1 (docs/speed.md).
+    # CPU quota (rlkit.recipes.threads.build_threads). Training then uses num_threads. A build's numbers depend on
+    # its thread count (float summation order), which its record keeps; the key does not (the same inputs).
     # A chain's stages (sft.start_from_*) are built with this job's value, whatever their own configs say.
-    build_threads: Optional[int] = 1
+    build_threads: Optional[int] = None
     deterministic: bool = False
     quiet: bool = False  # no progress bars (CI)
     # A worker (rollout worker, trainer rank) that dies or hangs (backend.call_timeout_s) is replaced this many

@@ -440,9 +440,9 @@ def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: Samp
         problems.append(
             f"trainer.num_threads={trainer.num_threads}: SkyRL's Ray workers set their own threads; leave it null"
         )
-    if trainer.build_threads != 1:
+    if trainer.build_threads is not None:
         problems.append(f"trainer.build_threads={trainer.build_threads}: SkyRL runs no warm-start builds "
-                        "(sft.enabled=false, a pretrained policy.path); leave it at 1")
+                        "(sft.enabled=false, a pretrained policy.path); leave it null")
     if trainer.deterministic:
         problems.append("trainer.deterministic=true: SkyRL has no deterministic mode (vLLM sampling); set it to false")
     if trainer.max_failures:
