@@ -169,6 +169,9 @@ def test_the_main_job_composes_the_shapes_env_its_image_size_and_recipe():
     assert isinstance(spec, ShapesEnv) and (spec.num_shapes, spec.image_size, spec.eval_size) == (1, 56, 64)
     assert cfg.policy.tiny.image_max_pixels == 56 * 56  # conf/image_grid/tiny_vl_shapes.yaml: 7x7 image tokens
     assert cfg.grounding.enabled is False  # no grounding questions in this env
-    assert (cfg.sft.target_success, cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.steps, cfg.lr) == (0.4, 16, 1.0, 100, 3e-4)
+    # conf/recipe/tiny_vl_shapes.yaml: a 60-step format-only warm start, then the maze's GRPO settings
+    assert (cfg.sft.target_success, cfg.sft.max_steps, cfg.rollout.max_new_tokens, cfg.rollout.temperature) == (1.0, 60, 16, 0.7)
+    assert (cfg.steps, cfg.lr, cfg.optim.lr_schedule, cfg.tasks_per_step) == (120, 2e-3, "cosine", 16)
+    assert (cfg.sampling.name, cfg.algorithm.filter_zero_variance_groups, cfg.algorithm.entropy_coef) == ("dapo", True, 0.01)
     assert cfg.reward._target_ == "rewards.ExactAnswer"
     assert OmegaConf.load(CONF / "env" / "shapes.yaml")._target_ == "envs.shapes.ShapesEnv"
