@@ -165,7 +165,7 @@ def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
 
 def test_tiny_9x9_long_is_tiny_9x9_with_two_more_warm_start_stages():
     from rlkit.config import check_ranges
-    from rlkit.sft import sft_stage_config, sft_stage_configs
+    from rlkit.stages.sft import sft_stage_config, sft_stage_configs
 
     cfg, short = _compose(["experiment=tiny_9x9_long"]), _compose(["experiment=tiny_9x9"])
     # the first stage is tiny_9x9's warm start, keyed the same (its cache is shared), and GRPO is unchanged

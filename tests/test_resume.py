@@ -295,7 +295,7 @@ def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoi
 
     from envs.visgym.spec import VisGymMaze
     from rlkit.backends.native import NativeRun
-    from rlkit.sft import prompt_fingerprint
+    from rlkit.stages.cache import prompt_fingerprint
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
     said = []

@@ -99,7 +99,7 @@ def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env
     zero-weight filler and contributes zero gradients), and the demo_coef term's 3 demonstrations are
     split 2/1 across the ranks: the update still equals grpo_update's, through 4 optimizer steps."""
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory
+    from rlkit.stages.sft import demonstration_trajectory
 
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
     local = _start(cluster, make_policy, tmp_path, seed=9)
@@ -124,7 +124,7 @@ def test_route_questions_and_route_passes_on_the_ranks(cluster, make_policy, env
     demonstrations, and trajectories with a route pass (env.route_context=text: a second sequence with no
     picture) in the GRPO batch; the update still equals grpo_update's."""
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory, draw_route_questions
+    from rlkit.stages.sft import demonstration_trajectory, draw_route_questions
     from tests.core.test_route_pass import ROUTE_0, ScriptedEngine, _notes
 
     local = _start(cluster, make_policy, tmp_path, seed=11)

@@ -149,7 +149,7 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
     term in the first) equals grpo_update's; with no group kept it steps on the demonstrations alone."""
     import rlkit.sft
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory
+    from rlkit.stages.sft import demonstration_trajectory
 
     # the single-process side runs the full-sequence forward too (the 2 ranks cannot share the prefix)
     monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
@@ -186,7 +186,7 @@ def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy,
     refused on FSDP ranks: tests/core/test_route_pass.py)."""
     import rlkit.sft
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory, draw_route_questions
+    from rlkit.stages.sft import demonstration_trajectory, draw_route_questions
 
     monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
     local = make_policy()

@@ -4,7 +4,7 @@ import shutil
 
 from omegaconf import OmegaConf
 
-from rlkit.sft import sft_cache_key
+from rlkit.stages.cache import sft_cache_key
 
 SFT = OmegaConf.create({"lr": 1e-3, "max_steps": 10, "seed": 1234})
 ENV = OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "easy", "mode": "plan"})
@@ -56,7 +56,7 @@ def test_the_validation_decoding_is_part_of_the_key():
 
 
 def test_grounding_mix_off_keys_as_before_the_option_existed():
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 0})), ENV, _policy()) == before
@@ -64,7 +64,7 @@ def test_grounding_mix_off_keys_as_before_the_option_existed():
 
 
 def test_constant_lr_schedule_keys_as_before_the_option_existed():
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"lr_schedule": "constant"})), ENV, _policy()) == before

@@ -10,7 +10,7 @@ import torch
 
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
-from rlkit.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
+from rlkit.stages.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
 
 
 def test_encoded_answer_is_the_loss_masked_span(full_policy):
@@ -25,7 +25,7 @@ def test_encoded_answer_is_the_loss_masked_span(full_policy):
 
 def test_exact_match_is_greedy_decoding(full_policy):
     """exact_match (one teacher-forced forward) says True exactly for what greedy generation writes."""
-    from rlkit.grounding import GroundingItem
+    from rlkit.stages.grounding import GroundingItem
     from rlkit.policy.engine import PromptInput, SamplingParams, make_engine
     from rlkit.rollout import Trajectory
     from rlkit.types import Episode
@@ -183,7 +183,7 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
 def test_curriculum_phases_reads_the_config_or_names_the_fix():
     from omegaconf import OmegaConf
 
-    from rlkit.grounding import curriculum_phases
+    from rlkit.stages.grounding import curriculum_phases
 
     env = VisGymMaze(variant="small")
     c = OmegaConf.create({"ok": [["walls"], ["cell", "walls"]], "flat": ["walls"], "mixed": ["walls", ["cell"]],

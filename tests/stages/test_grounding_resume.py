@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-import rlkit.grounding as grounding_mod
+import rlkit.stages.grounding as grounding_mod
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
 from rlkit.policy import load_policy
-from rlkit.sft import partial_dir
+from rlkit.stages.cache import partial_dir
 
 # two phases, the second reached at the first check (advance_accuracy 0), so the resumed build must
 # also come back in the right phase; warmup spans the stop, so the lr schedule's state counts too

@@ -72,7 +72,7 @@ def test_start_from_env_is_refused_before_any_work_when_it_cannot_apply(tmp_path
 
 def test_start_from_leaves_the_stage_key_as_before():
     from rlkit.config import SFTConfig
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     off = OmegaConf.structured(SFTConfig)
     for key, name in (("start_from_env", "visgym_small"), ("start_from_experiment", "tiny_9x9_curriculum")):
@@ -192,7 +192,7 @@ def test_an_edited_prompt_text_builds_another_warm_start(tmp_path, monkeypatch):
 
 def test_the_fingerprint_hashes_the_prompt_and_the_demonstrated_answer(monkeypatch):
     import envs.visgym.episode as episode
-    from rlkit.sft import prompt_fingerprint
+    from rlkit.stages.cache import prompt_fingerprint
 
     def env(parser="plan"):
         return instantiate_plugin(OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "small",
