@@ -119,7 +119,7 @@ def test_negative_max_rounds_is_refused(value, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "train.py"), "experiment=smoke", "logger=console",
-                           "sampling=dapo", f"sampling.max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
+                           "sampling.name=dapo", f"sampling.max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "RLKIT_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode != 0 and "max_rounds=-1" in proc.stdout + proc.stderr
