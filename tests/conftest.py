@@ -49,7 +49,7 @@ def _one_thread():
 @pytest.fixture(autouse=True)
 def _global_rngs_restored():
     """Each test leaves Python's, NumPy's and torch's global random generators as it found them: code under
-    test that seeds them (NativeRun.setup does, as train.py needs) must not make another test's draws
+    test that seeds them (GRPORecipe.setup does, as train.py needs) must not make another test's draws
     depend on the order the tests run in."""
     import random
 
@@ -73,6 +73,102 @@ def tiny_test_ckpt(tmp_path_factory) -> Path:
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_test") / "ckpt", TinyVLSizes(**TINY_TEST_SIZES), seed=0)
 
 
+# -- the core loop's fixtures (recipes, sampling, stages, algorithms, update) -------------------------
+@pytest.fixture(scope="session")
+def small_ckpt(tiny_test_ckpt):
+    return tiny_test_ckpt
+
+
+@pytest.fixture
+def policy(small_ckpt):
+    from rlkit.policy import load_policy
+
+    return load_policy(name="core_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
+                       lora={"rank": 8, "alpha": 16})
+
+
+@pytest.fixture
+def full_policy(small_ckpt):
+    """The small checkpoint with every weight trainable, as the one-time builds (grounding, warm start) train it."""
+    from rlkit.policy import load_policy
+
+    return load_policy(name="full_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE, lora={"enabled": False})
+
+
+@pytest.fixture
+def nll_batches(monkeypatch):
+    """The list of every batch the SFT warm start (rlkit.stages.sft) calls ``demonstration_nll`` with from here
+    on, in order (the calls still compute their loss)."""
+    import rlkit.stages.sft as sft_mod
+
+    batches, real = [], sft_mod.demonstration_nll
+
+    def spy(policy, demonstrations, shared_prefix=None):
+        batches.append(list(demonstrations))
+        return real(policy, demonstrations, shared_prefix=shared_prefix)
+
+    monkeypatch.setattr(sft_mod, "demonstration_nll", spy)
+    return batches
+
+
+@pytest.fixture
+def plan_env():
+    from envs.visgym import VisGymMaze
+
+    return VisGymMaze(variant="easy", mode="plan", parser="plan", max_turns=18)
+
+
+@pytest.fixture
+def interactive_env():
+    from envs.visgym import VisGymMaze
+
+    return VisGymMaze(variant="easy", mode="interactive", parser="tuple", max_turns=3)
+
+
+# -- durations on record ---------------------------------------------------------------------------
+# RLKIT_DURATIONS_FILE=<path> (scripts/test.sh sets it): at the end of the session the 25 slowest tests
+# (setup + call + teardown seconds) are written to <path> (relative: to the repo root; "1": tests/durations.txt),
+# one "<seconds> <outcome> <node id>" line each, slowest first, so a test that gets slower shows in the diff of
+# that file. Under pytest-xdist only the controller writes: the workers' reports reach its
+# pytest_runtest_logreport too.
+DURATIONS_KEPT = 25
+_DURATIONS: dict[str, list] = {}  # node id -> [seconds, outcome]
+
+
+def durations_path(value: str | None) -> Path | None:
+    """Where RLKIT_DURATIONS_FILE's ``value`` asks the durations to go (None: not asked)."""
+    if not value or value.strip().lower() in ("0", "false", "no"):
+        return None
+    if value.strip().lower() in ("1", "true", "yes"):
+        return ROOT / "tests" / "durations.txt"
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else ROOT / path
+
+
+def format_durations(durations: dict[str, list], keep: int = DURATIONS_KEPT) -> str:
+    """The ``keep`` slowest entries of ``durations`` (node id -> [seconds, outcome]) as lines, slowest first
+    (ties by node id, so the file is stable)."""
+    rows = sorted(durations.items(), key=lambda kv: (-kv[1][0], kv[0]))[:keep]
+    return "".join(f"{secs:9.2f}s {outcome:<7} {nodeid}\n" for nodeid, (secs, outcome) in rows)
+
+
+def pytest_runtest_logreport(report):
+    entry = _DURATIONS.setdefault(report.nodeid, [0.0, "passed"])
+    entry[0] += float(getattr(report, "duration", 0.0) or 0.0)
+    if report.failed:
+        entry[1] = "failed"
+    elif report.skipped and entry[1] == "passed":
+        entry[1] = "skipped"
+
+
+def _write_durations(session) -> None:
+    path = durations_path(os.environ.get("RLKIT_DURATIONS_FILE"))
+    if path is None or hasattr(session.config, "workerinput") or not _DURATIONS:  # an xdist worker: not its job
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(format_durations(_DURATIONS))
+
+
 # -- exit ------------------------------------------------------------------------------------------
 # One fresh-clone CI run (of three on the same tests) passed every test, printed its summary, and
 # then the interpreter died with SIGSEGV while finalizing (no pytest traceback: it was after pytest
@@ -83,6 +179,7 @@ _EXIT_STATUS: list[int] = []
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _write_durations(session)
     _EXIT_STATUS.append(int(exitstatus))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.sft import build_record, cache_key_inputs, cache_key_of, sft_cache_key
+from rlkit.stages.cache import build_record, cache_key_inputs, cache_key_of, sft_cache_key
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -65,7 +65,7 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
     for typo, right in (("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_high"),
                         ("+rollout.tempreature=0.5", "rollout.temperature"),
                         ("+trainer.resme_mode=none", "trainer.resume_mode"),
-                        ("+algorithm.dynamic_sampling_max_round=2", "algorithm.dynamic_sampling_max_rounds")):
+                        ("+sampling.max_round=2", "sampling.max_rounds")):
         with pytest.raises(ConfigError, match=typo[1:].split("=")[0].replace(".", r"\.")) as err:
             check_top_level_keys(_compose([typo]))
         assert f"did you mean {right}?" in str(err.value)
@@ -102,20 +102,20 @@ def test_recipe_turns_grounding_on_only_for_the_tiny_policy_on_7x7():
 def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     # conf/recipe/tiny_vl_visgym_small.yaml: measured on 7x7 only (docs/experiments.md); elsewhere train.yaml's values
     default = _compose([])
-    assert (default.steps, default.algorithm.lr_schedule) == (300, "cosine")
-    assert (default.algorithm.dynamic_sampling_max_rounds, default.algorithm.filter_zero_variance_groups) == (3, True)
-    assert (default.tasks_per_step, default.algorithm.demo_coef, default.algorithm.dynamic_sampling_adaptive_batch) == (16, 0.3, True)
+    assert (default.steps, default.optim.lr_schedule) == (300, "cosine")
+    assert (default.sampling.max_rounds, default.algorithm.filter_zero_variance_groups) == (3, True)
+    assert (default.tasks_per_step, default.aux_loss.demo_coef, default.sampling.adaptive_batch) == (16, 0.3, True)
     nine = _compose(["env=visgym"])
-    assert (nine.steps, nine.algorithm.lr_schedule) == (150, "constant")
-    assert (nine.algorithm.dynamic_sampling_max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
-    assert (nine.tasks_per_step, nine.algorithm.demo_coef, nine.algorithm.dynamic_sampling_adaptive_batch) == (8, 0.0, False)
+    assert (nine.steps, nine.optim.lr_schedule) == (150, "constant")
+    assert (nine.sampling.max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
+    assert (nine.tasks_per_step, nine.aux_loss.demo_coef, nine.sampling.adaptive_batch) == (8, 0.0, False)
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
     assert (default.lr, nine.lr) == (2e-3, 1e-3)
     assert (default.algorithm.entropy_coef, nine.algorithm.entropy_coef) == (0.01, 0.0)
     assert (default.sft.grounding_mix, nine.sft.grounding_mix) == (8, 0)  # 9x9 keeps the plain warm start
     assert not _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.lora.include_vision  # tiny policy only
     assert _compose(["steps=40"]).steps == 40  # the command line still wins
-    assert _compose(["algorithm.lr_schedule=constant"]).algorithm.lr_schedule == "constant"
+    assert _compose(["optim.lr_schedule=constant"]).optim.lr_schedule == "constant"
     assert _compose(["experiment=smoke"]).steps == 2
 
 
@@ -137,12 +137,12 @@ def test_small_maze_image_is_one_token_per_cell():
 
 def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_loss():
     cfg = _compose(["experiment=long_demo"])
-    assert (cfg.steps, cfg.algorithm.demo_coef, cfg.trainer.eval_interval) == (1200, 0.3, 30)
+    assert (cfg.steps, cfg.aux_loss.demo_coef, cfg.trainer.eval_interval) == (1200, 0.3, 30)
     # the recipe's values stay: grounding, lr 2e-3 on a cosine, dynamic sampling, the tower's adapter
-    assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.algorithm.lr_schedule == "cosine"
-    assert cfg.algorithm.dynamic_sampling_max_rounds == 3 and cfg.policy.lora.include_vision is True
+    assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.optim.lr_schedule == "cosine"
+    assert cfg.sampling.max_rounds == 3 and cfg.policy.lora.include_vision is True
     # it keeps the 8 tasks a step and plain rounds it was measured with, where the default recipe has 16 and adaptive
-    assert (cfg.tasks_per_step, cfg.algorithm.dynamic_sampling_adaptive_batch) == (8, False)
+    assert (cfg.tasks_per_step, cfg.sampling.adaptive_batch) == (8, False)
     assert cfg.algorithm.entropy_coef == 0.0  # as measured, before the default recipe's entropy bonus
     assert cfg.sft.grounding_mix == 0  # as measured, before the default recipe's grounding mix
     assert _compose(["experiment=long_demo_pipelined"]).sft.grounding_mix == 0
@@ -154,8 +154,8 @@ def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
     assert (cfg.env.variant, cfg.env.mode) == ("easy", "plan")
     assert cfg.policy.tiny.image_max_pixels == _compose(["env=visgym"]).policy.tiny.image_max_pixels
     for key in ("steps", "tasks_per_step", "lr", "grounding.enabled", "sft.grounding_mix", "policy.lora.include_vision",
-                "algorithm.lr_schedule", "algorithm.dynamic_sampling_max_rounds",
-                "algorithm.dynamic_sampling_adaptive_batch", "algorithm.demo_coef", "algorithm.entropy_coef"):
+                "optim.lr_schedule", "sampling.max_rounds",
+                "sampling.adaptive_batch", "aux_loss.demo_coef", "algorithm.entropy_coef"):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(small, key), key
     # env=visgym alone keeps its own lighter settings (no grounding, 150 steps of 8 tasks at lr 1e-3)
     plain = _compose(["env=visgym"])
@@ -165,7 +165,7 @@ def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
 
 def test_tiny_9x9_long_is_tiny_9x9_with_two_more_warm_start_stages():
     from rlkit.config import check_ranges
-    from rlkit.sft import sft_stage_config, sft_stage_configs
+    from rlkit.stages.sft import sft_stage_config, sft_stage_configs
 
     cfg, short = _compose(["experiment=tiny_9x9_long"]), _compose(["experiment=tiny_9x9"])
     # the first stage is tiny_9x9's warm start, keyed the same (its cache is shared), and GRPO is unchanged
@@ -197,10 +197,10 @@ def test_default_backend_is_two_replicated_ranks_on_ray_and_the_command_line_win
 
 def test_long_demo_pipelined_is_long_demo_with_the_rollout_beside_the_update():
     cfg, plain = _compose(["experiment=long_demo_pipelined"]), _compose(["experiment=long_demo"])
-    for key in ("steps", "lr", "algorithm.demo_coef", "algorithm.dynamic_sampling_max_rounds", "trainer.eval_interval",
-                "grounding.enabled", "policy.lora.include_vision", "algorithm.lr_schedule"):
+    for key in ("steps", "lr", "aux_loss.demo_coef", "sampling.name", "sampling.max_rounds", "trainer.eval_interval",
+                "grounding.enabled", "policy.lora.include_vision", "optim.lr_schedule"):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(plain, key), key
-    assert cfg.backend._target_.endswith("RayNativeBackend") and cfg.algorithm.dynamic_sampling_adaptive_batch
+    assert cfg.backend._target_.endswith("RayNativeBackend") and cfg.sampling.adaptive_batch
     b = cfg.backend
     assert (b.num_workers, b.num_rollout_workers, b.colocate, b.one_step_off_policy) == (1, 1, False, True)
 
@@ -209,14 +209,14 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
     from rlkit.run import unknown_override_keys
 
     conf = CONF
-    argv = ["-m", "algorithm.demo_cof=0.3", "demo_coef=0.3", "trainer.eval_intervall=3", "sted=3", "zzzz=1",
+    argv = ["-m", "aux_loss.demo_cof=0.3", "demo_coef=0.3", "trainer.eval_intervall=3", "sted=3", "zzzz=1",
             # all real: group choices, keys inside untyped groups, Hydra's own, '+' additions (checked later), sweeps
             "env=visgym", "experiment=long_demo", "env.variant=easy", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
-            "+algorithm.extra=1", "lr=1e-5,3e-5", "algorithm.demo_coef=0.3", "grounding.curriculum=[[walls]]",
+            "+algorithm.extra=1", "lr=1e-5,3e-5", "aux_loss.demo_coef=0.3", "grounding.tasks=[walls]",
             "image_grid@policy.tiny=tiny_vl_visgym_small", "--cfg", "job"]
     assert unknown_override_keys(argv, conf) == [
-        "algorithm.demo_cof (did you mean algorithm.demo_coef?)",
-        "demo_coef (did you mean algorithm.demo_coef?)",  # a group's key without its group
+        "aux_loss.demo_cof (did you mean aux_loss.demo_coef?)",
+        "demo_coef (did you mean aux_loss.demo_coef?)",  # a group's key without its group
         "trainer.eval_intervall (did you mean trainer.eval_interval?)",
         "sted (did you mean seed?)",
         "zzzz",
@@ -226,12 +226,12 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
         == ["env.wall_mov (did you mean env.wall_move?)", "policy.tiny.text_layer (did you mean policy.tiny.text_layers?)"]
     # a sweep over the options themselves: each job holds other keys, so Hydra checks them per job
     assert unknown_override_keys(["-m", "env=visgym,visgym_small", "env.wall_mov=stay"], conf) == []
-    proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "algorithm.demo_cof=0.3"],
+    proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "aux_loss.demo_cof=0.3"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "[rlkit] config error: unknown config key(s): algorithm.demo_cof (did you mean algorithm.demo_coef?)" \
+    assert "[rlkit] config error: unknown config key(s): aux_loss.demo_cof (did you mean aux_loss.demo_coef?)" \
         in proc.stderr, proc.stderr
-    assert "+algorithm.demo_cof" not in proc.stderr  # not Hydra's advice to append the typo
+    assert "+aux_loss.demo_cof" not in proc.stderr  # not Hydra's advice to append the typo
 
 
 def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
@@ -256,3 +256,8 @@ def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
     assert "[rlkit] config error: config group 'env'" in proc.stderr and "Traceback" not in proc.stderr
     assert "unexpected keyword argument 'wall_mov'" in proc.stderr, proc.stderr
 
+
+
+def test_a_group_option_chosen_on_the_command_line_is_the_one_that_runs():
+    assert _compose(["aux_loss=none"]).aux_loss.demo_coef == 0.0
+    assert _compose(["experiment=smoke", "sampling=dapo"]).sampling.name == "dapo"

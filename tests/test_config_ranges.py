@@ -43,10 +43,13 @@ def test_defaults_and_every_experiment_are_valid():
     ("algorithm.adv_eps=0", "algorithm.adv_eps=0.0 must be > 0"),
     ("algorithm.loss_reduction=sum", "algorithm.loss_reduction='sum' must be one of token_mean"),
     ("algorithm.kl_estimator=k4", "algorithm.kl_estimator='k4'"),
-    ("algorithm.lr_schedule=linear", "algorithm.lr_schedule='linear'"),
-    ("algorithm.weight_decay=-1", "algorithm.weight_decay=-1.0"),
-    ("algorithm.warmup_steps=-1", "algorithm.warmup_steps=-1"),
-    ("algorithm.adam_betas=[0.9,1.5]", "algorithm.adam_betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+    ("optim.lr_schedule=linear", "optim.lr_schedule='linear'"),
+    ("optim.weight_decay=-1", "optim.weight_decay=-1.0"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps=-1"),
+    ("optim.adam_betas=[0.9,1.5]", "optim.adam_betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+    ("sampling.max_rounds=-1", "sampling.max_rounds=-1 must be an integer >= 0"),
+    ("sampling.name=greso", "sampling.name='greso' must be one of plain, dapo"),
+    ("aux_loss.demo_max_tasks=0", "aux_loss.demo_max_tasks=0 must be an integer >= 1"),
     ("algorithm.mini_batch_size=0", "algorithm.mini_batch_size=0"),
     ("steps=-1", "steps=-1 must be an integer >= 0 (0 = only the warm start"),
     ("lr=0", "lr=0.0 must be > 0"),
@@ -56,7 +59,7 @@ def test_defaults_and_every_experiment_are_valid():
     ("eval.pass_k=-1", "eval.pass_k=-1 must be an integer >= 0 (0 = off)"),
     ("trainer.resume_mode=earliest", "trainer.resume_mode='earliest' must be one of latest, none, from_path"),
     ("control=blind", "control='blind' must be one of fixed_image, shuffled_reward or null"),
-    ("algorithm.warmup_steps=300", "algorithm.lr_schedule=cosine with algorithm.warmup_steps=300 >= steps=300 never decays"),
+    ("optim.warmup_steps=300", "optim.lr_schedule=cosine with optim.warmup_steps=300 >= steps=300 never decays"),
     ("sft.enabled=false sft.stages=[{max_steps:5}]", "sft.stages has 1 later warm-start stage(s) but sft.enabled=false"),
 ])
 def test_bad_value_is_named_with_its_range(override, message):
@@ -69,27 +72,30 @@ def test_sft_ranges_apply_only_when_sft_runs():
 
 
 def test_cosine_warmup_below_steps_and_a_constant_schedule_pass():
-    assert check_ranges(_compose(["algorithm.warmup_steps=299"])) == []
-    assert check_ranges(_compose(["algorithm.warmup_steps=300", "algorithm.lr_schedule=constant"])) == []
-    assert check_ranges(_compose(["algorithm.warmup_steps=300", "steps=0"])) == []  # steps=0: no GRPO update
+    assert check_ranges(_compose(["optim.warmup_steps=299"])) == []
+    assert check_ranges(_compose(["optim.warmup_steps=300", "optim.lr_schedule=constant"])) == []
+    assert check_ranges(_compose(["optim.warmup_steps=300", "steps=0"])) == []  # steps=0: no GRPO update
 
 
 def test_every_typed_field_has_a_rule():
     from dataclasses import fields
 
-    from rlkit.config import AlgorithmConfig, EvalConfig, GroundingConfig, RolloutConfig, SFTConfig, TrainerConfig
+    from rlkit.config import (AlgorithmConfig, AuxLossConfig, EvalConfig, GroundingConfig, OptimConfig, RolloutConfig,
+                              SamplingConfig, SFTConfig, TrainerConfig)
 
     free = {"algorithm.name", "algorithm.norm_adv_by_std", "algorithm.filter_zero_variance_groups",
-            "algorithm.dynamic_sampling_adaptive_batch", "algorithm.decoupled_loss", "algorithm.dedup_identical_samples",
-            "algorithm.overlong_filtering", "algorithm.mask_unexecuted",
-            "algorithm.adam_betas", "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
+            "sampling.adaptive_batch",  # with sampling=plain: rlkit.recipes.validation.config_problems
+            "algorithm.dedup_identical_samples", "algorithm.overlong_filtering",
+            "optim.adam_betas",  # rlkit.config.check_ranges (two numbers in [0, 1))
+            "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
             "trainer.overwrite", "trainer.deterministic", "trainer.quiet", "sft.enabled", "algorithm.shared_prefix",
             "rollout.reuse_kv_cache", "rollout.stop",  # stop: SamplingParams.validate (non-empty strings)
-            "grounding.enabled", "grounding.curriculum",
+            "grounding.enabled", "grounding.tasks",  # tasks: rlkit.stages.grounding.grounding_tasks
             "sft.stages",  # each stage: rlkit.config.check_sft_stage (its keys, and the sft.* rules over its values)
-            "sft.start_from_env", "sft.start_from_experiment"}  # a config's name: NativeRun._validate
+            "sft.start_from_env", "sft.start_from_experiment"}  # a config's name: rlkit.recipes.validation
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
-                        ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig)]:
+                        ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig),
+                        ("sampling", SamplingConfig), ("aux_loss", AuxLossConfig), ("optim", OptimConfig)]:
         for f in fields(cls):
             key = f"{prefix}.{f.name}"
             assert key in RANGES or key in free, f"{key} has no valid-range rule in rlkit.config.RANGES"

@@ -123,8 +123,8 @@ def test_route_errors_refuses_what_is_not_an_evaluation(tmp_path):
 
 def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypatch, capsys, tiny_test_ckpt):
     """--reading asks each evaluation maze per_maze questions and reports exact answers and wall bits as
-    rlkit.grounding scores them: one wrong wall bit in one of 4 transcriptions is 75% exact and 1 bit of 4 x 12."""
-    import rlkit.grounding
+    rlkit.stages.grounding scores them: one wrong wall bit in one of 4 transcriptions is 75% exact and 1 bit of 4 x 12."""
+    import rlkit.stages.grounding
     from envs.visgym.grounding import walls_answer
     from envs.visgym.maze import generate_maze
     from rlkit.policy import load_policy
@@ -141,7 +141,7 @@ def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypa
         hits[0][items[0].bit_tokens[0]] = False  # the first transcription misreads its first wall bit
         return hits
 
-    monkeypatch.setattr(rlkit.grounding, "token_hits", fake_token_hits)
+    monkeypatch.setattr(rlkit.stages.grounding, "token_hits", fake_token_hits)
     assert load_eval_script().eval_reading(env, policy, seeds, ["walls"], 2, seed=0) == 0
     bits = len(walls_answer(generate_maze(seeds[0], 7)[0])[1])
     assert bits == 12  # 3 x 3 rooms: 12 passages between them
@@ -152,25 +152,23 @@ def test_reading_scores_the_grounding_questions_on_the_evaluation_mazes(monkeypa
            f"{(4 * bits - 1) / (4 * bits):.1%} of wall bits" in out
 
 
-def test_reading_asks_the_last_curriculum_phase_or_every_task_and_refuses_what_it_cannot_ask():
+def test_reading_asks_grounding_tasks_or_every_task_and_refuses_what_it_cannot_ask():
     script = load_eval_script()
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
-    assert script.reading_tasks(env, [["cell"], ["walls", "moves"]]) == ["walls", "moves"]  # the last phase
-    assert script.reading_tasks(env, []) == list(env.grounding_tasks)  # [] = one phase with every task
+    assert script.reading_tasks(env, ["walls", "moves"]) == ["walls", "moves"]
+    assert script.reading_tasks(env, []) == list(env.grounding_tasks)  # [] = every task
     assert script.reading_tasks(env, None) == list(env.grounding_tasks)
-    with pytest.raises(ValueError, match=r"--reading: grounding.curriculum \[\['wals'\]\]: unknown task\(s\) "
+    with pytest.raises(ValueError, match=r"--reading: grounding.tasks \['wals'\]: unknown task\(s\) "
                                          r"\['wals'\]; VisGymMaze offers"):
-        script.reading_tasks(env, [["wals"]])
-    with pytest.raises(ValueError, match="phase 2 is empty; drop it"):
-        script.reading_tasks(env, [["walls"], []])
-    with pytest.raises(ValueError, match=r"a list of phases, each a list of tasks: write 'grounding.curriculum=\[\[walls\]\]'"):
-        script.reading_tasks(env, ["walls"])  # the easy slip: one flat phase
+        script.reading_tasks(env, ["wals"])
+    with pytest.raises(ValueError, match=r"a flat list of task names, e.g. 'grounding.tasks=\[walls\]'"):
+        script.reading_tasks(env, [["walls"]])  # the old curriculum's list of phases
 
     class NotAMaze:
         pass
 
     with pytest.raises(ValueError, match="--reading needs an env with grounding questions"):
-        script.reading_tasks(NotAMaze(), [["walls"]])
+        script.reading_tasks(NotAMaze(), ["walls"])
 
 
 def test_reading_asks_every_checkpoint_the_same_questions(monkeypatch, capsys, tiny_test_ckpt):
@@ -178,14 +176,14 @@ def test_reading_asks_every_checkpoint_the_same_questions(monkeypatch, capsys, t
     the same ones); a task without wall bits prints no wall-bit share, and no warning about an empty mean."""
     import warnings
 
-    import rlkit.grounding
+    import rlkit.stages.grounding
     from rlkit.policy import load_policy
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
     policy = load_policy(name="reading_test", path=str(tiny_test_ckpt), device="cpu", dtype=TEST_DTYPE,
                          lora={"enabled": False})
     asked: list[list[int]] = []
-    monkeypatch.setattr(rlkit.grounding, "token_hits", lambda policy, items, batch_size=64: (
+    monkeypatch.setattr(rlkit.stages.grounding, "token_hits", lambda policy, items, batch_size=64: (
         asked.append([tuple(it.trajectory.input_ids) for it in items]) or [[True] * it.answer_len for it in items]))
     script = load_eval_script()
     with warnings.catch_warnings():
@@ -205,12 +203,12 @@ def test_reading_asks_every_checkpoint_the_same_questions(monkeypatch, capsys, t
 
 
 def test_overrides_may_follow_the_flags():
-    """`eval.py RUN --reading grounding.curriculum=[[walls]]` parses the override (argparse's plain parse_args
+    """`eval.py RUN --reading grounding.tasks=[walls]` parses the override (argparse's plain parse_args
     refuses a positional after an option)."""
     script = load_eval_script()
-    args = script.build_parser().parse_intermixed_args(["run", "--reading", "grounding.curriculum=[[walls]]", "--twins",
+    args = script.build_parser().parse_intermixed_args(["run", "--reading", "grounding.tasks=[walls]", "--twins",
                                                         "env.max_turns=18"])
-    assert args.adapter == "run" and args.overrides == ["grounding.curriculum=[[walls]]", "env.max_turns=18"]
+    assert args.adapter == "run" and args.overrides == ["grounding.tasks=[walls]", "env.max_turns=18"]
     assert args.reading and args.twins
 
 

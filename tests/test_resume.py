@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # a constant lr: the lr checks below read the base lr itself (the default recipe's cosine would scale it by
 # the step's factor, 0.5 at step 2 of 2)
 BASE = ["experiment=smoke", "steps=4", "trainer.ckpt_interval=1", "trainer.max_ckpts_to_keep=2",
-        "eval.num_tasks=2", "trainer.deterministic=true", "algorithm.lr_schedule=constant"]
+        "eval.num_tasks=2", "trainer.deterministic=true", "optim.lr_schedule=constant"]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def test_resume_with_adaptive_dynamic_sampling_sizes_the_next_round_as_the_unint
     """The adaptive rounds are sized from the previous step's informative share, which the checkpoint
     keeps: without it the resumed step 3 would draw a round of 2 tasks where the uninterrupted run drew
     the step's whole budget (the 2-step warm start solves nothing, so the share is 0: dynamic/rounds 1)."""
-    extra = ["algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_adaptive_batch=true"]
+    extra = ["sampling.name=dapo", "sampling.max_rounds=2", "sampling.adaptive_batch=true"]
     ref = tmp_path / "ref"
     _train(ref, cache, extra)
     assert [s["dynamic/rounds"] for s in _steps(ref) if "reward/mean" in s][1:] == [1.0, 1.0, 1.0]
@@ -216,10 +216,12 @@ def test_a_changed_warm_start_is_refused_before_it_is_built(tmp_path, cache):
 
 
 def test_a_checkpoint_from_before_a_key_existed_resumes_while_the_key_keeps_its_default(tmp_path, cache):
-    """A run checkpointed by an older rlkit has no env.train_room_endpoints nor algorithm.mask_unexecuted in its
-    config: resuming it with those keys at their defaults is the same experiment; another value is not. (The
-    default recipe's sft.grounding_mix is 8, not the 0 that older runs did, so deleting it would be refused.)"""
-    from omegaconf import OmegaConf
+    """A run checkpointed by an older rlkit (conf/compat.yaml) has no env.holdout in its config, the demonstration
+    loss's coefficient under its old name (algorithm.demo_coef) and a removed lever's key at the value runs have
+    now (algorithm.mask_unexecuted: false): resuming it with today's config is the same experiment; a new key at
+    another value than what the old run did is not. (The default recipe's sft.grounding_mix is 8, not the 0 that
+    older runs did, so deleting it would be refused.)"""
+    from omegaconf import OmegaConf, open_dict
 
     from rlkit.checkpoint import MANIFEST, write_manifest
 
@@ -227,28 +229,94 @@ def test_a_checkpoint_from_before_a_key_existed_resumes_while_the_key_keeps_its_
     _train(run, cache, ["steps=1"])
     for saved in run.glob("checkpoints/step_*/config.yaml"):
         old = OmegaConf.load(saved)
-        for key in ("env.train_room_endpoints", "algorithm.mask_unexecuted"):
-            section, name = key.split(".")
-            del old[section][name]
+        with open_dict(old):
+            del old.env["holdout"]
+            old.algorithm.demo_coef = old.aux_loss.pop("demo_coef")
+            old.algorithm.mask_unexecuted = False
         OmegaConf.save(old, saved)
         extra = {k: v for k, v in json.loads((saved.parent / MANIFEST).read_text()).items() if k != "files"}
         write_manifest(saved.parent, extra)  # as the older rlkit wrote it: a complete checkpoint
-    refused = _train(run, cache, ["steps=1", "env.train_room_endpoints=0.5"], check=False)
-    assert refused.returncode != 0 and "env.train_room_endpoints (0.0 -> 0.5)" in refused.stderr
+    refused = _train(run, cache, ["steps=1", "env.holdout=dihedral"], check=False)
+    assert refused.returncode != 0 and "env.holdout ('layout' -> 'dihedral')" in refused.stderr
     assert "resuming from" in _train(run, cache, ["steps=1"]).stdout
 
 
 def test_keys_added_later_read_as_their_old_behaviour_only_where_missing():
     from omegaconf import OmegaConf
 
-    from rlkit.backends.native import KEYS_ADDED_LATER, config_changes
+    from rlkit.resume import config_changes
 
-    new = OmegaConf.create({"env": {"parser": "plan", "train_room_endpoints": 0.0}, "lr": 1e-3})
-    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), new, KEYS_ADDED_LATER) == {}
-    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), new) == {
-        "env.train_room_endpoints": (None, 0.0)}
-    explicit = OmegaConf.create({"env": {"parser": "plan", "train_room_endpoints": 0.5}, "lr": 1e-3})
-    assert config_changes(explicit, new, KEYS_ADDED_LATER) == {"env.train_room_endpoints": (0.5, 0.0)}
+    new = OmegaConf.create({"env": {"parser": "plan", "holdout": "layout"}, "lr": 1e-3})
+    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), new) == {}
+    explicit = OmegaConf.create({"env": {"parser": "plan", "holdout": "dihedral"}, "lr": 1e-3})
+    assert config_changes(explicit, new) == {"env.holdout": ("dihedral", "layout")}
+    dihedral = OmegaConf.create({"env": {"parser": "plan", "holdout": "dihedral"}, "lr": 1e-3})
+    assert config_changes(OmegaConf.create({"env": {"parser": "plan"}, "lr": 1e-3}), dihedral) == {
+        "env.holdout": ("layout", "dihedral")}
+
+
+#: A config as rlkit wrote it before the GRPO loop became a recipe (renamed keys, removed levers at the values
+#: that do what runs do now, the grounding curriculum of one phase), and the same experiment written today.
+OLD_CONFIG = {"lr": 1e-3,
+              "algorithm": {"eps_clip_low": 0.2, "dynamic_sampling_max_rounds": 3, "dynamic_sampling_adaptive_batch": True,
+                            "demo_coef": 0.3, "mask_unexecuted": False, "screening_samples": 0,
+                            "adam_betas": [0.9, 0.999], "lr_schedule": "cosine"},
+              "grounding": {"enabled": True, "curriculum": [["walls"]], "advance_accuracy": 0.9},
+              "sft": {"enabled": True, "route_mix": 0, "grounding_mix": 8},
+              "env": {"parser": "plan", "holdout": "layout", "train_room_endpoints": 0.0}}
+NEW_CONFIG = {"lr": 1e-3,
+              "algorithm": {"eps_clip_low": 0.2},
+              "sampling": {"name": "dapo", "max_rounds": 3, "adaptive_batch": True},
+              "aux_loss": {"demo_coef": 0.3},
+              "optim": {"adam_betas": [0.9, 0.999], "lr_schedule": "cosine"},
+              "grounding": {"enabled": True, "tasks": ["walls"]},
+              "sft": {"enabled": True, "grounding_mix": 8},
+              "env": {"parser": "plan", "holdout": "layout"}}
+
+
+def test_an_old_config_reads_as_the_same_experiment_through_conf_compat():
+    from omegaconf import OmegaConf
+
+    from rlkit.resume import config_changes
+
+    assert config_changes(OmegaConf.create(OLD_CONFIG), OmegaConf.create(NEW_CONFIG)) == {}
+    # a renamed key compares under its new name: another value is a change of that key
+    other = OmegaConf.create({**NEW_CONFIG, "aux_loss": {"demo_coef": 0.5}})
+    assert config_changes(OmegaConf.create(OLD_CONFIG), other) == {"aux_loss.demo_coef": (0.3, 0.5)}
+    # rounds > 0 before conf/sampling/ existed meant DAPO: today's plain sampling is another experiment
+    plain = OmegaConf.create({**NEW_CONFIG, "sampling": {"name": "plain", "max_rounds": 0, "adaptive_batch": False}})
+    assert set(config_changes(OmegaConf.create(OLD_CONFIG), plain)) == {
+        "sampling.name", "sampling.max_rounds", "sampling.adaptive_batch"}
+    # a curriculum of more than one phase has no flat equivalent: it stays, and differs
+    phases = OmegaConf.create({**OLD_CONFIG, "grounding": {"enabled": True, "curriculum": [["cell"], ["walls"]],
+                                                          "advance_accuracy": 0.9}})
+    changes = config_changes(phases, OmegaConf.create(NEW_CONFIG))
+    assert changes["grounding.curriculum"] == ([["cell"], ["walls"]], None)
+    assert changes["grounding.tasks"] == (None, ["walls"])
+
+
+def test_a_removed_lever_in_use_is_refused_naming_the_tag_that_holds_it(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlkit.checkpoint import CheckpointError
+    from rlkit.resume import REMOVED_LEVERS_TAG, check_same_experiment
+
+    assert REMOVED_LEVERS_TAG == "levers-before-removal"
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    old = {**OLD_CONFIG, "algorithm": {**OLD_CONFIG["algorithm"], "decoupled_loss": True}}
+    OmegaConf.save(OmegaConf.create(old), ckpt / "config.yaml")
+    with pytest.raises(CheckpointError) as refused:
+        check_same_experiment(ckpt, OmegaConf.create(NEW_CONFIG), tmp_path / "run", tmp_path / "run" / "checkpoints")
+    msg = str(refused.value)
+    assert "algorithm.decoupled_loss (True -> None)" in msg
+    assert "algorithm.decoupled_loss belong(s) to levers removed from rlkit" in msg
+    assert "git tag levers-before-removal" in msg
+    # at its neutral value (what runs do now) the same checkpoint resumes
+    OmegaConf.save(OmegaConf.create({**OLD_CONFIG, "algorithm": {**OLD_CONFIG["algorithm"], "decoupled_loss": False}}),
+                   ckpt / "config.yaml")
+    assert check_same_experiment(ckpt, OmegaConf.create(NEW_CONFIG), tmp_path / "run",
+                                 tmp_path / "run" / "checkpoints") == {}
 
 
 def test_resume_mode_none_refuses_existing_checkpoints(tmp_path, cache):
@@ -277,8 +345,8 @@ def test_resume_applies_changed_lr_and_steps_and_records_them(tmp_path, cache):
 def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
     # the default recipe's schedule: a resumed run with a new `steps` decays to 0 at the new total, not the old
     run = tmp_path / "run"
-    _train(run, cache, ["steps=1", "lr=1e-3", "algorithm.lr_schedule=cosine"])
-    _train(run, cache, ["steps=3", "lr=1e-3", "algorithm.lr_schedule=cosine"])
+    _train(run, cache, ["steps=1", "lr=1e-3", "optim.lr_schedule=cosine"])
+    _train(run, cache, ["steps=3", "lr=1e-3", "optim.lr_schedule=cosine"])
     lrs = {s["step"]: s["policy/lr"] for s in _steps(run) if "policy/lr" in s}
     # policy/lr is the lr step k ran with: 1e-3 x 0.5 * (1 + cos(pi * (k - 1) / total)); step 1 under steps=1,
     # steps 2 and 3 under the new total 3 (the old total would have given step 2 an lr of 0)
@@ -286,16 +354,17 @@ def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
 
 
 def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoint_base(tmp_path):
-    """NativeRun._recorded_base: the adapter's recorded warm start at its path, else under this run's cache (the
-    entry's name is its key), else None; none for a run whose base is policy.path; a warning when it was built for
-    another prompt than the env's today."""
+    """rlkit.resume.recorded_base: the adapter's recorded warm start at its path, else under this run's cache (the
+    entry's name is its key), else None; a warning when it was built for another prompt than the env's today. The
+    recipe asks it only for a run that builds (GRPORecipe._warm_start): none for a run whose base is policy.path."""
     import types
 
     from omegaconf import OmegaConf
 
     from envs.visgym.spec import VisGymMaze
-    from rlkit.backends.native import NativeRun
-    from rlkit.sft import prompt_fingerprint
+    from rlkit.recipes.grpo import GRPORecipe
+    from rlkit.resume import recorded_base
+    from rlkit.stages.cache import prompt_fingerprint
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
     said = []
@@ -304,12 +373,16 @@ def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoi
     (ckpt / "adapter").mkdir(parents=True)
     (ckpt / "adapter" / "rlkit_adapter.json").write_text(json.dumps({"base_model": str(old)}))
 
-    def run(cache, sft=True, grounding=True, policy_path=None):
-        cfg = OmegaConf.create({"paths": {"cache_dir": str(cache)}, "policy": {"path": policy_path}})
-        stub = types.SimpleNamespace(cfg=cfg, sft_cfg=types.SimpleNamespace(enabled=sft), env_spec=env,
-                                     grounding_cfg=types.SimpleNamespace(enabled=grounding),
-                                     progress=types.SimpleNamespace(say=said.append))
-        return NativeRun._recorded_base(stub, ckpt)
+    def run(cache):
+        return recorded_base(ckpt, cache, prompt_fingerprint(env), said.append)
+
+    def recipe_base(cache, sft, grounding, policy_path=None):
+        """What GRPORecipe._warm_start resumes on for a run that builds nothing."""
+        cfg = OmegaConf.create({"paths": {"cache_dir": str(cache)}, "policy": {"path": policy_path},
+                                "sft": {"enabled": sft}, "grounding": {"enabled": grounding}})
+        stub = types.SimpleNamespace(cfg=cfg, env_spec=env, progress=types.SimpleNamespace(say=said.append),
+                                     trainer=types.SimpleNamespace(build_threads=1))
+        return GRPORecipe._warm_start(stub, types.SimpleNamespace(cfg=cfg), ckpt, 1)
 
     assert run(tmp_path / "new_cache") is None  # no finished build anywhere: build as configured
     moved = tmp_path / "new_cache" / "sft" / "0123abcd"
@@ -320,5 +393,5 @@ def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoi
     (old / "sft_summary.json").write_text(json.dumps({"build": {"inputs": {"prompt": "another"}}}))
     assert run(tmp_path / "new_cache") == str(old)  # the recorded path first
     assert len(said) == 1 and "built for another prompt or answer format" in said[0]
-    assert run(tmp_path / "new_cache", sft=False, policy_path="/some/ckpt") is None  # its base is policy.path
-    assert run(tmp_path / "new_cache", sft=False, grounding=False) is None
+    assert recipe_base(tmp_path / "new_cache", sft=False, grounding=True, policy_path="/some/ckpt") is None
+    assert recipe_base(tmp_path / "new_cache", sft=False, grounding=False) is None

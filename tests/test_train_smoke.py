@@ -111,7 +111,7 @@ def test_local_sweep_keeps_going_and_summarises_when_a_job_fails(tmp_path):
 
 
 # Through train.py: a compose-time refusal (a typo'd key) and a setup-time one, each printed as one line and kept
-# in the run folder's error.txt. The other refusals below are checked in-process (the same NativeRun.setup that
+# in the run folder's error.txt. The other refusals below are checked in-process (the same GRPORecipe.setup that
 # train.py runs; about 7 s of the 15-minute suite saved apiece).
 @pytest.mark.parametrize("override, message", [
     ("eval.num_tasks=0", "eval.num_tasks=0"),
@@ -133,38 +133,38 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     ("eval.num_tasks=1000", "eval.num_tasks=1000"),
     ("logger.mode=ofline", "logger.mode='ofline'"),
     ("env.parser=keyword", "does not fit"),
-    ("algorithm.demo_coef=0 algorithm.demo_max_successes=1", "which is off (algorithm.demo_coef=0)"),
+    ("aux_loss.demo_coef=0 aux_loss.demo_max_successes=1", "which is off (aux_loss.demo_coef=0)"),
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
     ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
-    ("sft.route_mix=4", "sft.route_mix=4 teaches the route after plan_map's notes"),  # the smoke writes plan
-    # grounding.curriculum, read by the grounding stage or by the warm start's grounding questions
-    ("grounding.curriculum=[walls]", "a list of phases, each a list of tasks: write 'grounding.curriculum=[[walls]]'"),
-    ("grounding.enabled=false sft.grounding_mix=2 grounding.curriculum=[[wals]]",
+    ("sampling.max_rounds=2", "belong to DAPO dynamic sampling, which sampling=plain does not run"),
+    # grounding.tasks, read by the grounding stage or by the warm start's grounding questions
+    ("grounding.tasks=[[walls]]", "a flat list of task names, e.g. 'grounding.tasks=[walls]'"),
+    ("grounding.enabled=false sft.grounding_mix=2 grounding.tasks=[wals]",
      "unknown task(s) ['wals']; VisGymMaze offers ['cell', 'agent', 'goal', 'moves', 'walls'] (read by sft.grounding_mix"),
 ])
 def test_bad_config_is_refused_in_setup_before_any_build(override, message, tmp_path):
-    from rlkit.backends.native import NativeRun
+    from rlkit.recipes.grpo import GRPORecipe
+    from rlkit.recipes.local import LocalExecutor
     from rlkit.run import ConfigError
-    from tests.core.test_sft_start_from_env import _cfg
+    from tests.stages.test_warm_start import _cfg
 
     with pytest.raises(ConfigError) as refused:
-        NativeRun(_cfg(tmp_path, *override.split())).setup()
+        GRPORecipe(_cfg(tmp_path, *override.split()), LocalExecutor()).setup()
     assert message in str(refused.value)
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
 
 
-def test_a_curriculum_no_build_reads_is_not_refused(tmp_path):
-    """grounding.curriculum is checked where a build reads it: not for a job whose warm start starts from another
+def test_grounding_tasks_no_build_reads_are_not_refused(tmp_path):
+    """grounding.tasks is checked where a build reads it: not for a job whose warm start starts from another
     job's (its own grounding stage is skipped) and that mixes no grounding questions, nor with grounding off."""
-    from rlkit.backends.native import NativeRun
     from rlkit.run import instantiate_plugin
-    from tests.core.test_sft_start_from_env import _cfg
+    from rlkit.stages import warm_start as ws
+    from tests.stages.test_warm_start import _cfg
 
     def problem(*overrides):
-        run = NativeRun(_cfg(tmp_path, "grounding.curriculum=[[wals]]", *overrides))
-        run.env_spec = instantiate_plugin(run.cfg.env, "env")  # as setup sets it
-        return run._grounding_curriculum_problem()
+        cfg = _cfg(tmp_path, "grounding.tasks=[wals]", *overrides)
+        return ws.grounding_problem(ws.make_job(cfg, instantiate_plugin(cfg.env, "env")))  # as setup checks it
 
     assert problem("sft.start_from_env=visgym_small", "sft.grounding_mix=0") is None
     assert problem("grounding.enabled=false", "sft.grounding_mix=0") is None
@@ -179,18 +179,18 @@ RANGE_PROBLEMS = {
     "rollout.temperature=-1": "rollout.temperature=-1.0 must be >= 0",
     "seed=-1": "seed=-1 must be an integer >= 0",
     "algorithm.update_epochs=0": "algorithm.update_epochs=0 must be an integer >= 1",
-    "algorithm.demo_coef=-0.1": "algorithm.demo_coef=-0.1 must be >= 0",
+    "aux_loss.demo_coef=-0.1": "aux_loss.demo_coef=-0.1 must be >= 0",
     "eval.seen_tasks=-1": "eval.seen_tasks=-1 must be an integer >= 0",
 }
-#: Settings that contradict each other, checked together by the backend before any build (one start for all six).
+#: Settings that contradict each other, checked together by the recipe before any build (one start for all five).
 CROSS_PROBLEMS = {
     "policy.lora.enabled=false": "policy.lora.enabled=false: GRPO trains a LoRA adapter",  # was silently forced on
-    "algorithm.screening_samples=2": "screening needs 2 <= screening_samples < group_size=2",  # smoke: G=2
-    # smoke runs without dynamic sampling (max_rounds 0): the key would change nothing
-    "algorithm.dynamic_sampling_adaptive_batch=true": "it needs algorithm.dynamic_sampling_max_rounds > 0",
-    "algorithm.behav_imp_weight_cap=5": "caps the decoupled loss's importance weights",  # without decoupled_loss
-    "algorithm.selective_rollout_explore_hard=0.5": "is part of the selective rollout filter",  # filter off
-    "algorithm.demo_max_successes=2": "algorithm.demo_max_successes=2: a group of group_size=2",  # smoke: G=2
+    # smoke runs sampling=plain: a dapo key would change nothing
+    "sampling.adaptive_batch=true": "belong to DAPO dynamic sampling, which sampling=plain does not run",
+    "aux_loss.demo_max_successes=2": "aux_loss.demo_max_successes=2: a group of group_size=2",  # smoke: G=2
+    "trainer.resume_mode=from_path": "trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>",
+    "sft.start_from_env=visgym sft.start_from_experiment=tiny_9x9_curriculum":
+        "sft.start_from_env=visgym and sft.start_from_experiment=tiny_9x9_curriculum both name a warm start",
 }
 STAGE_PROBLEMS = ("sft.stages=[{max_step:2},{lr_schedule:linear},{enabled:false},{max_steps:abc}]", [
     "sft.stages[0].max_step is not a key a later stage can set",
@@ -202,7 +202,7 @@ STAGE_PROBLEMS = ("sft.stages=[{max_step:2},{lr_schedule:linear},{enabled:false}
 
 @pytest.mark.parametrize("overrides, messages, count", [
     ([*RANGE_PROBLEMS, STAGE_PROBLEMS[0]], [*RANGE_PROBLEMS.values(), *STAGE_PROBLEMS[1]], 11),
-    (list(CROSS_PROBLEMS), list(CROSS_PROBLEMS.values()), 6),
+    ([o for k in CROSS_PROBLEMS for o in k.split()], list(CROSS_PROBLEMS.values()), 5),
 ], ids=["ranges", "contradictions"])
 def test_every_bad_value_is_named_in_one_refusal(overrides, messages, count, tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -239,7 +239,7 @@ def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     assert "grounding: building" in proc.stdout and "held-out exact-match accuracy by task" in proc.stdout
     (summary,) = (tmp_path / "cache" / "grounding").glob("*/grounding_summary.json")
     final = json.loads(summary.read_text())["final"]
-    assert set(final) == {"all", "wall_bits", "walls"}  # the default curriculum: the walls transcription
+    assert set(final) == {"all", "wall_bits", "walls"}  # the default grounding.tasks: the walls transcription
     assert all(0.0 <= v <= 1.0 for v in final.values())
     (sft,) = (tmp_path / "cache" / "sft").glob("*/sft_summary.json")
     proc2 = _run(["experiment=smoke", "steps=1", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
@@ -278,26 +278,11 @@ def test_sft_stages_continue_the_warm_start_and_share_the_chained_jobs_caches(tm
     assert f"SFT warm start stage 2/2 (sft.stages[0]): reusing {second}" in again.stdout
 
 
-def test_selective_rollout_records_every_group_and_checkpoints_its_streaks(tmp_path):
-    # the 2-step warm start solves nothing: every group fails as a whole, so every task drawn gets a streak of
-    # -1 (all-fail), kept in the checkpoint for a resume; the step logs how many draws it skipped
+def test_demo_loss_runs_end_to_end(tmp_path):
+    # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration
     out = tmp_path / "run"
-    _run(["experiment=smoke", "algorithm.selective_rollout_explore=0.5", "algorithm.selective_rollout_explore_hard=0.5",
+    _run(["experiment=smoke", "aux_loss=relift", "aux_loss.demo_coef=0.5", "trainer.ckpt_interval=0",
           f"hydra.run.dir={out}"], tmp_path)
-    state = json.loads((out / "checkpoints" / "step_000002" / "trainer_state.json").read_text())["task_filter"]
-    assert state["streaks"] and set(state["streaks"].values()) == {-1}
-    assert len(state["streaks"]) == 4  # 2 steps x 2 tasks, distinct 7x7 layouts
-    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["dynamic/skipped_tasks"] for r in lines if "dynamic/skipped_tasks" in r] == [0.0, 0.0]
-
-
-def test_demo_loss_and_route_questions_run_end_to_end(tmp_path):
-    # the 2-step warm start solves nothing: every group fails as a whole and gets its demonstration; each update
-    # also trains on 4 route questions on text (algorithm.route_coef, after plan_map's notes)
-    out = tmp_path / "run"
-    _run(["experiment=smoke", "algorithm.demo_coef=0.5", "env.parser=plan_map", "rollout.max_new_tokens=64",
-          "algorithm.route_coef=0.3", "algorithm.route_batch=4", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"],
-         tmp_path)
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [ln for ln in lines if "reward/mean" in ln]
     for ln in steps:  # 2 tasks a step
@@ -307,27 +292,7 @@ def test_demo_loss_and_route_questions_run_end_to_end(tmp_path):
         if ln["demo/tasks"]:
             assert ln["demo/nll"] > 0 and ln["timing/demo"] >= 0
     assert sum(ln["demo/tasks"] for ln in steps) >= 1
-    assert all(ln["route/nll"] > 0 and ln["timing/route"] >= 0 for ln in steps) and len(steps) == 2
-
-
-def test_screening_runs_end_to_end_and_demonstrates_the_tasks_it_screened_out(tmp_path):
-    # the 2-step warm start solves nothing: each step screens ceil(2 x 4 / 2) = 4 tasks with 2 samples,
-    # none differs, so nothing is continued and the update runs on the 4 unsolved tasks' demonstrations
-    out = tmp_path / "run"
-    proc = _run(["experiment=smoke", "group_size=4", "algorithm.screening_samples=2", "algorithm.demo_coef=0.5",
-                 "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
-    assert "degrees of freedom" not in proc.stderr  # no advantages computed over an empty batch
-    steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [ln for ln in steps if "reward/mean" in ln]
     assert len(steps) == 2
-    for ln in steps:
-        assert ln["screening/tasks"] == 4 and ln["dynamic/rounds"] == 1
-        # the screened tasks whose 2 samples agree and are not both solved: both failed
-        unsolved = round(4 * ln["reward/zero_variance_groups"]) - round(4 * ln["screening/solved"])
-        assert ln["demo/tasks"] == unsolved
-        if ln["screening/continued"] == 0:
-            assert "policy/pg_loss" not in ln  # no GRPO sequence: the step ran on the demonstrations alone
-            assert ln["demo/nll"] > 0 and ln["policy/optimizer_steps"] == 1
 
 
 def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
@@ -335,8 +300,8 @@ def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
     # the cosine schedule is per GRPO step all the same (torch warns about that unless told not to). Without
     # the recipe's demonstration loss: its demonstrations of the all-fail tasks would be an update of their own.
     out = tmp_path / "run"
-    proc = _run(["experiment=smoke", "algorithm.filter_zero_variance_groups=true", "algorithm.lr_schedule=cosine",
-                 "algorithm.demo_coef=0", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
+    proc = _run(["experiment=smoke", "algorithm.filter_zero_variance_groups=true", "optim.lr_schedule=cosine",
+                 "aux_loss.demo_coef=0", "trainer.ckpt_interval=0", f"hydra.run.dir={out}"], tmp_path)
     steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [ln for ln in steps if "reward/mean" in ln]
     skipped = [ln for ln in steps if ln.get("policy/skipped") == 1.0]
@@ -346,19 +311,19 @@ def test_skipped_updates_advance_the_schedule_without_a_torch_warning(tmp_path):
 
 def test_a_warm_start_keys_the_grounding_tasks_it_mixes_in(tmp_path):
     """Without a grounded base (grounding off, a start_from chain, a later stage) a stage's key did not hold the
-    questions sft.grounding_mix draws (grounding.curriculum's last phase): [[cell]] reused a walls-mixed build. The
-    tasks join the key unless they are [walls], the tasks of every earlier build (whose keys stay)."""
-    from rlkit.backends.native import NativeRun
+    questions sft.grounding_mix draws (grounding.tasks): [cell] reused a walls-mixed build. The tasks join the key
+    unless they are [walls], the tasks of every earlier build (whose keys stay)."""
     from rlkit.run import instantiate_plugin
-    from tests.core.test_sft_start_from_env import _cfg
+    from rlkit.stages import warm_start as ws
+    from tests.stages.test_warm_start import _cfg
 
     def key(*overrides):
-        run = NativeRun(_cfg(tmp_path, *overrides))
-        run.env_spec = instantiate_plugin(run.cfg.env, "env")
-        return run._with_mixed_tasks({"lr": 1e-3, "grounding_mix": run.sft_cfg.grounding_mix})
+        cfg = _cfg(tmp_path, *overrides)
+        job = ws.make_job(cfg, instantiate_plugin(cfg.env, "env"))
+        return ws._with_mixed_tasks(job, {"lr": 1e-3, "grounding_mix": job.sft.grounding_mix})
 
-    walls = key("sft.grounding_mix=2", "grounding.curriculum=[[walls]]")
+    walls = key("sft.grounding_mix=2", "grounding.tasks=[walls]")
     assert walls == {"lr": 1e-3, "grounding_mix": 2}  # as before the key existed
-    assert key("sft.grounding_mix=2", "grounding.curriculum=[[cell],[cell,walls]]") == {
+    assert key("sft.grounding_mix=2", "grounding.tasks=[cell,walls]") == {
         "lr": 1e-3, "grounding_mix": 2, "grounding_mix_tasks": ["cell", "walls"]}
-    assert key("sft.grounding_mix=0", "grounding.curriculum=[[cell]]") == {"lr": 1e-3, "grounding_mix": 0}
+    assert key("sft.grounding_mix=0", "grounding.tasks=[cell]") == {"lr": 1e-3, "grounding_mix": 0}

@@ -28,7 +28,7 @@ def test_overrides_compose_with_the_train_schema(dry_run):
         cfg = compose(config_name="train", overrides=[f"{k}={v}" for k, v in ov.items()] + ["steps=0"])
     assert cfg.env.variant == "easy" and cfg.grounding.enabled is False  # 9x9, the ungrounded recipe
     assert cfg.sft.lr == 5e-4 and cfg.lr == 1e-3 and cfg.policy.dtype == "bfloat16"
-    assert cfg.algorithm.lr_schedule == "cosine" and cfg.algorithm.demo_coef == 0.3
+    assert cfg.optim.lr_schedule == "cosine" and cfg.aux_loss.demo_coef == 0.3
     assert cfg.policy.lora.include_vision is True
     if dry_run:
         assert cfg.policy.device == "cpu" and cfg.tasks_per_step == 2

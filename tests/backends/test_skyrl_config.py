@@ -126,14 +126,12 @@ def test_same_training_tasks_as_the_native_sampler():
     "override, key",
     [
         ("algorithm.entropy_coef=0.01", "algorithm.entropy_coef"),
-        ("algorithm.demo_coef=0.3", "algorithm.demo_coef"),
-        ("algorithm.route_coef=0.3", "algorithm.route_coef"),
+        ("aux_loss.demo_coef=0.3", "aux_loss.demo_coef"),
+        ("aux_loss.demo_max_successes=1", "aux_loss.demo_coef"),
         ("algorithm.filter_zero_variance_groups=true", "algorithm.filter_zero_variance_groups"),
-        ("algorithm.dynamic_sampling_max_rounds=2", "algorithm.dynamic_sampling_max_rounds"),
-        ("algorithm.screening_samples=4", "algorithm.screening_samples"),
-        ("algorithm.dynamic_sampling_adaptive_batch=true", "algorithm.dynamic_sampling_adaptive_batch"),
-        ("algorithm.selective_rollout_explore=0.5", "algorithm.selective_rollout_explore"),
-        ("algorithm.decoupled_loss=true", "algorithm.decoupled_loss"),
+        ("sampling.name=dapo", "sampling=dapo"),
+        ("sampling.max_rounds=2", "sampling=plain"),
+        ("sampling.adaptive_batch=true", "sampling=plain"),
         ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),
         ("algorithm.adv_eps=1e-5", "algorithm.adv_eps"),
         ("sft.enabled=true", "sft.enabled"),
@@ -158,12 +156,6 @@ def test_unsupported_option_is_a_clear_error(override, key):
     assert key in str(e.value) and "docs/skyrl.md" in str(e.value)
 
 
-def test_the_route_pass_is_refused_with_the_fix():
-    with pytest.raises(SkyRLConfigError) as e:
-        _job(["env=visgym", "env.parser=plan_map", "env.route_context=text"])
-    assert "env.route_context=text" in str(e.value) and "env.route_context=picture" in str(e.value)
-
-
 def test_every_problem_is_listed_at_once():
     with pytest.raises(SkyRLConfigError) as e:
         _job(["algorithm.entropy_coef=0.01", "eval.pass_k=2", "sft.enabled=true"])
@@ -179,7 +171,7 @@ def test_tiny_policy_and_native_defaults_are_refused_with_the_fix():
 
 def test_algorithm_mapping_dr_grpo_dual_clip_kl_schedule():
     _, job = _job(["algorithm=dr_grpo", "algorithm.clip_ratio_c=3.0", "algorithm.kl_coef=0.0",
-                   "algorithm.warmup_steps=2", "algorithm.lr_schedule=cosine", "algorithm.update_epochs=2",
+                   "optim.warmup_steps=2", "optim.lr_schedule=cosine", "algorithm.update_epochs=2",
                    "algorithm.mini_batch_size=96", "rollout.top_k=20", "rollout.temperature=0.9"])
     a = job.config["trainer"]["algorithm"]
     assert a["loss_reduction"] == "seq_mean_token_sum_norm" and a["max_seq_len"] == 1

@@ -3,6 +3,8 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 RLKIT = Path(__file__).resolve().parents[2] / "rlkit"
 
 
@@ -36,3 +38,27 @@ def test_no_module_under_rlkit_imports_or_names_an_env():
                 if name == "envs" or name.startswith("envs."):
                     offenders.append(f"{path.relative_to(RLKIT.parent)}:{node.lineno}: {name}")
     assert offenders == [], "the core must reach envs only through rlkit.types interfaces:\n" + "\n".join(offenders)
+
+
+#: Keys and values only VisGym's config has (conf/env/visgym*.yaml, envs/visgym/: its grounding task names,
+#: its answer formats); the core reads an env through rlkit.types, so none of them belongs in its code.
+VISGYM_NAMES = {"variant", "parser", "cell_size", "impl", "wall_move", "holdout", "walls", "plan_walls", "wall_bits",
+                "train_room_endpoints", "train_open_passage", "route_context"}
+
+
+def _visgym_names_in_code() -> list[str]:
+    found = []
+    for path in sorted(RLKIT.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docstrings = _docstring_nodes(tree)
+        for node in ast.walk(tree):
+            # a key or value as code reads it (a string constant that is one of them), not prose in a message
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and node.value.removeprefix("env.") in VISGYM_NAMES):
+                found.append(f"{path.relative_to(RLKIT.parent)}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_no_module_under_rlkit_reads_a_visgym_key_or_value():
+    offenders = _visgym_names_in_code()
+    assert offenders == [], "the core names VisGym's own keys or values:\n" + "\n".join(offenders)

@@ -8,7 +8,7 @@ import torch
 from rlkit.config import AlgorithmConfig
 from rlkit.policy import SamplingParams, make_engine
 from rlkit.rollout import rollout, rollout_stats, to_tensor
-from rlkit.sft import demonstration_trajectory
+from rlkit.stages.sft import demonstration_trajectory
 from rlkit.update import grpo_update
 
 SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
@@ -134,7 +134,7 @@ def test_demonstration_metrics_exact_on_scripted_logprobs(policy, plan_env):
     import math
 
     from envs.visgym.episode import solution_actions
-    from rlkit.sft import demonstration_metrics
+    from rlkit.stages.sft import demonstration_metrics
 
     seeds = [s for s in range(20) if solution_actions("easy", s)[0] != solution_actions("easy", 0)[0]][:1]
     demos = [demonstration_trajectory(plan_env, policy, seed=s) for s in [0, *seeds]]
@@ -185,7 +185,7 @@ def test_max_grad_norm_zero_means_no_clipping(policy, plan_env):
 
 def _captured_grad(policy, trajs, adv, cfg):
     """The update's accumulated gradient (lr 0: the policy does not move) and its metrics."""
-    from tests.core.test_shared_prefix_update import _update_grad
+    from tests.test_update import _update_grad
 
     metrics, grad, _ = _update_grad(policy, trajs, adv, cfg)
     return grad, metrics

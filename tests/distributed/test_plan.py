@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from rlkit.algorithms.nll import AuxTerm
 from rlkit.config import AlgorithmConfig
 from rlkit.distributed.runtime import RaySettings
 from rlkit.distributed.update import plan_update, split_even
@@ -88,30 +89,62 @@ def test_plan_skips_when_nothing_is_kept_without_drawing():
     assert gen.get_state().equal(state)
 
 
+def _share(plan, k=0):
+    """Each rank's (sequences, weight) of the k-th auxiliary term."""
+    return [(p.aux_shares[k].sequences, p.aux_shares[k].weight) for p in plan]
+
+
 def test_plan_splits_the_demonstrations_by_tokens_and_steps_on_them_alone():
     trajs = [_Traj(t) for t in (3, 5, 2, 4)]
     demos = [_Traj(10), _Traj(20), _Traj(30)]
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     gen, ref = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
-    plan = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 2, gen, demonstrations=demos)
-    plan_ref = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 2, ref)
+    plan = plan_update(trajs, adv, AlgorithmConfig(), 2, gen, aux_terms=[AuxTerm("demo", 0.3, demos)])
+    plan_ref = plan_update(trajs, adv, AlgorithmConfig(), 2, ref)
     assert gen.get_state().equal(ref.get_state())  # the demonstrations draw nothing from the shuffle stream
     assert [p.steps for p in plan] == [p.steps for p in plan_ref]
-    assert [p.demonstrations for p in plan] == [demos[:2], demos[2:]]
-    assert [p.demo_weight for p in plan] == pytest.approx([0.5, 0.5])  # 30 and 30 of the 60 tokens
+    assert [p.aux_shares[0].sequences for p in plan] == [demos[:2], demos[2:]]
+    assert [p.aux_shares[0].weight for p in plan] == pytest.approx([0.5, 0.5])  # 30 and 30 of the 60 tokens
+    assert all((p.aux_shares[0].name, p.aux_shares[0].coef) == ("demo", 0.3) for p in plan)
     # 3 ranks, 1 demonstration: the others run it as a filler with weight 0
-    plan = plan_update(trajs, adv, AlgorithmConfig(demo_coef=0.3), 3, torch.Generator(), demonstrations=demos[:1])
-    assert [p.demonstrations for p in plan] == [demos[:1]] * 3 and [p.demo_weight for p in plan] == [1.0, 0.0, 0.0]
+    plan = plan_update(trajs, adv, AlgorithmConfig(), 3, torch.Generator(), aux_terms=[AuxTerm("demo", 0.3, demos[:1])])
+    assert _share(plan) == [(demos[:1], 1.0), (demos[:1], 0.0), (demos[:1], 0.0)]
     # nothing kept: one optimizer step of demonstrations alone, without drawing
-    zero = AlgorithmConfig(demo_coef=0.3, filter_zero_variance_groups=True)
+    zero = AlgorithmConfig(filter_zero_variance_groups=True)
     state = gen.get_state()
-    plan = plan_update(trajs, torch.zeros(4), zero, 2, gen, demonstrations=demos)
+    plan = plan_update(trajs, torch.zeros(4), zero, 2, gen, aux_terms=[AuxTerm("demo", 0.3, demos)])
     assert gen.get_state().equal(state)
     assert [(p.steps[0].indices, p.steps[0].num_micro, len(p.steps)) for p in plan] == [([], 0, 1)] * 2
-    assert sum(p.demo_weight for p in plan) == pytest.approx(1.0)
-    # demo_coef 0 ignores them
-    assert plan_update(trajs, torch.zeros(4), AlgorithmConfig(filter_zero_variance_groups=True), 2, gen,
-                       demonstrations=demos) is None
+    assert sum(p.aux_shares[0].weight for p in plan) == pytest.approx(1.0)
+    # coef 0 ignores them
+    assert plan_update(trajs, torch.zeros(4), zero, 2, gen, aux_terms=[AuxTerm("demo", 0.0, demos)]) is None
+
+
+def test_each_auxiliary_term_is_split_across_the_ranks_with_weights_summing_to_one():
+    trajs = [_Traj(t) for t in (3, 2)]
+    adv = torch.tensor([1.0, -1.0])
+    demos = [_Traj(10), _Traj(20), _Traj(30)]
+    extra = [_Traj(t) for t in (4, 6, 5)]
+    terms = [AuxTerm("demo", 0.3, demos), AuxTerm("off", 0.0, extra), AuxTerm("extra", 0.7, extra)]
+    for ranks in (1, 2, 3, 4):
+        plan = plan_update(trajs, adv, AlgorithmConfig(), ranks, torch.Generator().manual_seed(0), aux_terms=terms)
+        for p in plan:  # the active terms, in the order given (the coef-0 term is left out)
+            assert [(a.name, a.coef) for a in p.aux_shares] == [("demo", 0.3), ("extra", 0.7)]
+        for k, seqs in ((0, demos), (1, extra)):
+            assert sum(p.aux_shares[k].weight for p in plan) == pytest.approx(1.0), (ranks, k)
+            # every sequence is on exactly one rank with weight; the rest are zero-weight fillers
+            real = [q for p in plan if p.aux_shares[k].weight > 0 for q in p.aux_shares[k].sequences]
+            assert real == seqs, (ranks, k)
+    plan = plan_update(trajs, adv, AlgorithmConfig(), 2, torch.Generator().manual_seed(0), aux_terms=terms)
+    assert _share(plan, 1) == [(extra[:2], pytest.approx(10 / 15)), (extra[2:], pytest.approx(5 / 15))]
+    # more ranks than sequences and nothing kept: a zero-weight filler, one step on the terms alone
+    plan = plan_update(trajs, torch.zeros(2), AlgorithmConfig(filter_zero_variance_groups=True), 3,
+                       torch.Generator(), aux_terms=[AuxTerm("extra", 0.5, extra[:1])])
+    assert _share(plan) == [(extra[:1], 1.0), (extra[:1], 0.0), (extra[:1], 0.0)]
+    assert all(len(p.steps) == 1 and p.steps[0].indices == [] for p in plan)
+    # no term: no share
+    plain = plan_update(trajs, adv, AlgorithmConfig(), 2, torch.Generator().manual_seed(0))
+    assert all(p.aux_shares == [] for p in plain)
 
 
 def test_more_ranks_than_sequences_gives_filler_only_ranks():
@@ -155,21 +188,3 @@ def test_backend_config_composes_and_refuses_bad_keys(compose_config):
         instantiate_plugin(compose_config(["backend=native_ray", "+backend.num_worker=2"]).backend, "backend")
     with pytest.raises(ConfigError, match="needs GPUs"):
         instantiate_plugin(compose_config(["backend=native_ray", "backend.mixed_precision=true"]).backend, "backend")
-
-
-def test_route_questions_are_split_across_the_ranks_like_the_demonstrations():
-    trajs = [_Traj(t) for t in (3, 2)]
-    adv = torch.tensor([1.0, -1.0])
-    routes = [_Traj(t) for t in (4, 6, 5)]
-    cfg = AlgorithmConfig(route_coef=0.5)
-    plan = plan_update(trajs, adv, cfg, 2, torch.Generator().manual_seed(0), route_questions=routes)
-    assert [p.route_questions for p in plan] == [routes[:2], routes[2:]]
-    assert [p.route_weight for p in plan] == pytest.approx([10 / 15, 5 / 15])
-    # more ranks than questions: a zero-weight filler; no kept sequence: one step on the questions alone
-    plan = plan_update(trajs, torch.zeros(2), AlgorithmConfig(route_coef=0.5, filter_zero_variance_groups=True), 3,
-                       torch.Generator(), route_questions=routes[:1])
-    assert [p.route_weight for p in plan] == [1.0, 0.0, 0.0] and all(p.route_questions == routes[:1] for p in plan)
-    assert all(len(p.steps) == 1 and p.steps[0].indices == [] for p in plan)
-    # route_coef 0 ignores them
-    plain = plan_update(trajs, adv, AlgorithmConfig(), 2, torch.Generator().manual_seed(0), route_questions=routes)
-    assert all(p.route_questions == [] for p in plain)

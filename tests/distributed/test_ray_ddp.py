@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlkit.config import AlgorithmConfig
+from rlkit.algorithms.nll import AuxTerm
+from rlkit.config import AlgorithmConfig, OptimConfig
 from rlkit.distributed.runtime import RaySettings
 from rlkit.policy import SamplingParams, make_engine
 from rlkit.policy.lora import lora_state_dict, save_adapter
@@ -21,6 +22,8 @@ from rlkit.sync import version_dir
 from rlkit.update import grpo_update
 from tests.distributed.conftest import max_abs_diff as _max_diff
 from tests.distributed.conftest import assert_optimizer_state_matches, perturb_lora, start_cluster
+
+OPTIM = OptimConfig()  # the trainer ranks' AdamW settings (TrainerSpec.optim's default)
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 LR = 2e-2
@@ -77,7 +80,7 @@ def test_two_replicated_ranks_match_single_process(cluster, make_policy, env_nod
     adv = torch.tensor([0.8, 0.8, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
     algo = AlgorithmConfig(mini_batch_size=4, micro_batch_size=2, max_grad_norm=0.1, kl_coef=0.05, entropy_coef=0.01,
                            loss_reduction="token_mean", shared_prefix=True)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(algo.adam_betas), weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(OPTIM.adam_betas), weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     for step in (1, 2):
         m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=step)
@@ -96,10 +99,10 @@ def test_two_replicated_ranks_match_single_process(cluster, make_policy, env_nod
 
 def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env_node, tmp_path):
     """Mini-batches of one sequence leave rank 1 without a sample in every optimizer step (it runs a
-    zero-weight filler and contributes zero gradients), and the demo_coef term's 3 demonstrations are
+    zero-weight filler and contributes zero gradients), and the demo term's 3 demonstrations are
     split 2/1 across the ranks: the update still equals grpo_update's, through 4 optimizer steps."""
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory
+    from rlkit.stages.sft import demonstration_trajectory
 
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
     local = _start(cluster, make_policy, tmp_path, seed=9)
@@ -107,41 +110,14 @@ def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env
     ref = [demonstration_trajectory(env, local, s) for s in (41, 42, 43)]
     trajs = rollout(env, local, make_engine(local), [44, 45], 2, SAMPLING, 0)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    algo = AlgorithmConfig(mini_batch_size=1, micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, shared_prefix=True)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    algo = AlgorithmConfig(mini_batch_size=1, micro_batch_size=1, max_grad_norm=0.5, shared_prefix=True)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
-    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=20, demonstrations=demos)
-    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=ref)
+    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=20, aux_terms=[AuxTerm("demo", 0.5, demos)])
+    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local,
+                          aux_terms=[AuxTerm("demo", 0.5, ref)])
     _assert_close(m_dist, m_local, ("policy/loss", "policy/grad_norm", "policy/entropy", "demo/nll"), 20)
     assert m_dist["policy/optimizer_steps"] == m_local["policy/optimizer_steps"] == 4.0
-    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
-    first, second = _replica_states(cluster)
-    assert _max_diff(first, second) == 0.0
-
-
-def test_route_questions_and_route_passes_on_the_ranks(cluster, make_policy, env_node, tmp_path):
-    """algorithm.route_coef on replicated ranks: route questions on text split 2/1 across the ranks beside the
-    demonstrations, and trajectories with a route pass (env.route_context=text: a second sequence with no
-    picture) in the GRPO batch; the update still equals grpo_update's."""
-    from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory, draw_route_questions
-    from tests.core.test_route_pass import ROUTE_0, ScriptedEngine, _notes
-
-    local = _start(cluster, make_policy, tmp_path, seed=11)
-    env = VisGymMaze(variant="small", mode="plan", parser="plan_map", max_turns=17, wall_move="fail",
-                     route_context="text")
-    routes = draw_route_questions(env, local, seed=3, step=5, n=3)
-    demos = [demonstration_trajectory(env, local, s) for s in (41, 42)]
-    engine = ScriptedEngine([_notes(env) + "<answer>", ROUTE_0, "up up stop</answer>"], local.chat.tokenizer)
-    trajs = rollout(env, local, engine, [0], 2, SAMPLING, 0)
-    adv = torch.tensor([1.0, -1.0])
-    algo = AlgorithmConfig(micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7, shared_prefix=True)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
-    gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
-    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=30, demonstrations=demos, route_questions=routes)
-    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=demos,
-                          route_questions=routes)
-    _assert_close(m_dist, m_local, ("policy/loss", "policy/grad_norm", "demo/nll", "route/nll"), 30)
     assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
     first, second = _replica_states(cluster)
     assert _max_diff(first, second) == 0.0

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlkit.config import AlgorithmConfig
+from rlkit.algorithms.nll import AuxTerm
+from rlkit.config import AlgorithmConfig, OptimConfig
 from rlkit.distributed.cluster import RayCluster
 from rlkit.distributed.runtime import RaySettings
 from rlkit.policy import PromptInput, SamplingParams, make_engine
@@ -20,6 +21,8 @@ from rlkit.sync import SyncError, version_dir
 from rlkit.update import grpo_update
 from tests.distributed.conftest import max_abs_diff as _max_diff
 from tests.distributed.conftest import assert_optimizer_state_matches, perturb_lora, start_cluster
+
+OPTIM = OptimConfig()  # the trainer ranks' AdamW settings (TrainerSpec.optim's default)
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 # mini-batches of 3 over 6 sequences split 2/1 across the ranks, micro-batches of 1: rank 1 runs a
@@ -79,7 +82,7 @@ def test_two_ranks_and_two_rollout_workers_match_single_process(cluster, make_po
 
     # 2 GRPO steps on the same fixed trajectories: 2 FSDP ranks vs grpo_update in this process
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(ALGO.adam_betas), weight_decay=ALGO.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(OPTIM.adam_betas), weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     for step in (1, 2):
         m_dist = cluster.update(trajs, adv, ALGO, 1.0, gen_dist, LR, version=step)
@@ -133,7 +136,7 @@ def test_sequence_reductions_and_epochs_match_single_process(cluster, make_polic
     cluster.set_optimizer_state({})  # a fresh AdamW on every rank, as on this side
     trajs = rollout(env, local, make_engine(local), [31, 32, 33, 34], 2, SAMPLING, 0)
     adv = torch.tensor([0.7, -0.7, 0.0, 0.0, 1.0, -1.0, -0.3, 0.3])  # the second group carries no signal
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
     m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=10)
     m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local)
@@ -144,15 +147,15 @@ def test_sequence_reductions_and_epochs_match_single_process(cluster, make_polic
 
 
 def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
-    """algorithm.demo_coef on native_ray: the rollout workers encode the demonstrations exactly as this
+    """aux_loss.demo_coef on native_ray: the rollout workers encode the demonstrations exactly as this
     process does, and the 2-rank update with them (3 demonstrations split 2/1, two optimizer steps, the
     term in the first) equals grpo_update's; with no group kept it steps on the demonstrations alone."""
-    import rlkit.sft
+    import rlkit.algorithms.nll
     from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory
+    from rlkit.stages.sft import demonstration_trajectory
 
     # the single-process side runs the full-sequence forward too (the 2 ranks cannot share the prefix)
-    monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
+    monkeypatch.setattr(rlkit.algorithms.nll, "batch_shares_prefix", lambda policy: False)
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
     local = make_policy()
     perturb_lora(local.model, seed=9)
@@ -164,56 +167,21 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
     assert len(demos) == 3 and [d.input_ids for d in demos] == [d.input_ids for d in ref]
     assert [d.loss_mask for d in demos] == [d.loss_mask for d in ref]
 
-    algo = AlgorithmConfig(mini_batch_size=2, micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5,
+    algo = AlgorithmConfig(mini_batch_size=2, micro_batch_size=1, max_grad_norm=0.5,
                            filter_zero_variance_groups=True, shared_prefix=False)
     trajs = rollout(env, local, make_engine(local), [44, 45], 2, SAMPLING, 0)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
     for step, adv in ((1, torch.tensor([1.0, -1.0, 0.5, -0.5])), (2, torch.zeros(4))):
-        m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=20 + step, demonstrations=demos)
-        m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=ref)
+        m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=20 + step,
+                                aux_terms=[AuxTerm("demo", 0.5, demos)])
+        m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local,
+                              aux_terms=[AuxTerm("demo", 0.5, ref)])
         for key in ("demo/nll", "policy/grad_norm", "policy/optimizer_steps"):
             assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (step, key, m_dist[key], m_local[key])
         assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL, step
     assert m_local["policy/optimizer_steps"] == 1.0 and "policy/pg_loss" not in m_local  # step 2: demonstrations alone
     assert m_dist["demo/nll"] > 0
-
-
-def test_route_questions_on_two_ranks_match_single_process(cluster, make_policy, env_node, tmp_path, monkeypatch):
-    """algorithm.route_coef on FSDP ranks: 3 route questions on text split 2/1 beside 2 demonstrations with
-    pictures, in the first of two optimizer steps. No rank's route micro-batch has a picture, so the vision
-    blocks' collectives are skipped alike, and the 2-rank update equals grpo_update's (the route pass itself is
-    refused on FSDP ranks: tests/core/test_route_pass.py)."""
-    import rlkit.sft
-    from envs.visgym import VisGymMaze
-    from rlkit.sft import demonstration_trajectory, draw_route_questions
-
-    monkeypatch.setattr(rlkit.sft, "batch_shares_prefix", lambda policy: False)
-    local = make_policy()
-    perturb_lora(local.model, seed=13)
-    save_adapter(local.model, tmp_path / "init", version=0)
-    cluster.load_adapter(tmp_path / "init")
-    cluster.set_optimizer_state({})
-    maps = VisGymMaze(variant="small", mode="plan", parser="plan_map", max_turns=17, wall_move="fail")
-    routes = draw_route_questions(maps, local, seed=3, step=5, n=3)
-    assert all(not q.image_inputs for q in routes)
-    demos = [demonstration_trajectory(maps, local, s) for s in (41, 42)]
-    env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
-    trajs = rollout(env, local, make_engine(local), [46, 47], 2, SAMPLING, 0)
-    # two optimizer steps: the demonstrations and route questions join the first only (module doc of
-    # rlkit.distributed.update, step 4), as grpo_update adds them
-    algo = AlgorithmConfig(mini_batch_size=2, micro_batch_size=1, max_grad_norm=0.5, demo_coef=0.5, route_coef=0.7,
-                           shared_prefix=False)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
-    gen_dist, gen_local = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    m_dist = cluster.update(trajs, adv, algo, 1.0, gen_dist, LR, version=40, demonstrations=demos, route_questions=routes)
-    m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=gen_local, demonstrations=demos,
-                          route_questions=routes)
-    for key in ("policy/loss", "policy/grad_norm", "demo/nll", "route/nll"):
-        assert abs(m_dist[key] - m_local[key]) <= TOL * max(1.0, abs(m_local[key])), (key, m_dist[key], m_local[key])
-    assert m_local["route/nll"] > 0 and m_local["policy/optimizer_steps"] == m_dist["policy/optimizer_steps"] == 2.0
-    assert _max_diff(cluster.lora_state(), lora_state_dict(local.model)) <= TOL
 
 
 @pytest.mark.parametrize("mode", ["plan", "interactive"])
@@ -235,7 +203,7 @@ def test_shared_prefix_update_on_two_ranks_matches_single_process(cluster, make_
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.8, -0.8])
     # ordered by group and split 3/3: rank 0 runs [51, 51] and [52], rank 1 [52, 53] and [53]
     algo = AlgorithmConfig(micro_batch_size=2, max_grad_norm=1e9, kl_coef=0.05, shared_prefix=True)
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=algo.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, weight_decay=OPTIM.weight_decay)
     m_dist = cluster.update(trajs, adv, algo, 1.0, torch.Generator().manual_seed(1), LR, version=30)
     m_local = grpo_update(local, opt, trajs, adv, algo, temperature=1.0, generator=torch.Generator().manual_seed(1))
     for key in ("policy/loss", "policy/pg_loss", "policy/kl", "policy/grad_norm", "policy/entropy", "policy/approx_kl"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlkit.config import AlgorithmConfig
+from rlkit.config import AlgorithmConfig, OptimConfig
 from rlkit.distributed.runtime import RaySettings
 from rlkit.policy import SamplingParams
 from rlkit.policy.lora import lora_state_dict, save_adapter
@@ -17,6 +17,8 @@ from rlkit.sync import version_dir
 from rlkit.update import grpo_update
 from tests.distributed.conftest import max_abs_diff as _max_diff
 from tests.distributed.conftest import perturb_lora, start_cluster
+
+OPTIM = OptimConfig()  # the trainer ranks' AdamW settings (TrainerSpec.optim's default)
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
 # several optimizer steps a call, micro-batches of 2, clipping, the KL term and the entropy bonus active
@@ -45,7 +47,7 @@ def test_one_unsharded_rank_matches_single_process_while_the_rollout_worker_samp
     cluster.publish(0)
     trajs, _ = cluster.rollout([31, 32], 3, SAMPLING, version=0)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
-    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(ALGO.adam_betas), weight_decay=ALGO.weight_decay)
+    opt = torch.optim.AdamW(local.trainable_parameters(), lr=LR, betas=tuple(OPTIM.adam_betas), weight_decay=OPTIM.weight_decay)
     gen_dist, gen_local = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     for step in (1, 2):
         pending = cluster.start_update(trajs, adv, ALGO, 1.0, gen_dist, LR, version=step)

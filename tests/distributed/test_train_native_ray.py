@@ -36,7 +36,7 @@ def test_smoke_run_and_resume_on_ray(tmp_path):
     out = tmp_path / "run"
     # with the demonstration loss: the 2-step warm start solves nothing, so every task gets its demonstration
     # as a fixed-image control: the driver draws the picture, the rollout worker wraps its envs with it
-    args = ["backend=native_ray", "experiment=smoke", "logger=console", "algorithm.demo_coef=0.5", "control=fixed_image",
+    args = ["backend=native_ray", "experiment=smoke", "logger=console", "aux_loss.demo_coef=0.5", "control=fixed_image",
             "eval.seen_tasks=3", f"hydra.run.dir={out}"]
     proc = _run(args, tmp_path)
     assert "native_ray: 1 trainer rank(s) (unsharded, gloo) + 1 rollout worker(s), colocated" in proc.stdout

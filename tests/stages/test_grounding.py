@@ -1,4 +1,4 @@
-"""rlkit.grounding: encoding, exact-match scoring, and a short run that reads (beats its blind control)."""
+"""rlkit.stages.grounding: encoding, exact-match scoring, and a short run that reads (beats its blind control)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
-from rlkit.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
+from rlkit.stages.grounding import accuracy_table, encode_example, exact_match, format_table, train_grounding
 from tests.conftest import TEST_DTYPE
 
 
@@ -26,7 +26,7 @@ def test_encoded_answer_is_the_loss_masked_span(full_policy):
 
 def test_exact_match_is_greedy_decoding(full_policy):
     """exact_match (one teacher-forced forward) says True exactly for what greedy generation writes."""
-    from rlkit.grounding import GroundingItem
+    from rlkit.stages.grounding import GroundingItem
     from rlkit.policy.engine import PromptInput, SamplingParams, make_engine
     from rlkit.rollout import Trajectory
     from rlkit.types import Episode
@@ -106,7 +106,7 @@ def test_env_without_grounding_questions_is_refused_with_the_fix(full_policy):
 
 def test_unknown_task_is_refused(full_policy):
     with pytest.raises(ValueError, match="unknown"):
-        train_grounding(VisGymMaze(), full_policy, GroundingConfig(curriculum=[["agent"], ["colour"]], max_steps=1))
+        train_grounding(VisGymMaze(), full_policy, GroundingConfig(tasks=["agent", "colour"], max_steps=1))
 
 
 class OneCellMaze(VisGymMaze):
@@ -137,7 +137,7 @@ def test_short_grounding_run_reads_the_image(tmp_path):
     100% from 110 (held-out, 128 questions); about 3 minutes for both arms on one core."""
     from rlkit.policy import load_policy
 
-    cfg = GroundingConfig(curriculum=[["cell43"]], max_steps=160, batch_size=32, lr=1e-3, warmup_steps=0,
+    cfg = GroundingConfig(tasks=["cell43"], max_steps=160, batch_size=32, lr=1e-3, warmup_steps=0,
                           eval_every=20, val_questions=128, target_accuracy=0.95)
     policy = load_policy(tiny=GROUNDING_SIZES, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0,
                          dtype=TEST_DTYPE)  # as measured
@@ -170,7 +170,7 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan")
     sizes = {**GROUNDING_SIZES, "image_max_pixels": 3136}  # 56x56 px: one image token per maze cell
-    cfg = GroundingConfig(curriculum=[["walls"]], max_steps=150, batch_size=32, lr=1e-3, warmup_steps=20,
+    cfg = GroundingConfig(tasks=["walls"], max_steps=150, batch_size=32, lr=1e-3, warmup_steps=20,
                           eval_every=25, val_questions=64, target_accuracy=0.98)
     policy = load_policy(tiny=sizes, lora={"enabled": False}, cache_dir=str(tmp_path / "tiny"), seed=0)
     image = train_grounding(env, policy, cfg)
@@ -183,22 +183,20 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
     assert image["final"]["wall_bits"] - blind["final"]["wall_bits"] >= 0.15
 
 
-def test_curriculum_phases_reads_the_config_or_names_the_fix():
+def test_grounding_tasks_reads_the_config_or_names_the_fix():
     from omegaconf import OmegaConf
 
-    from rlkit.grounding import curriculum_phases
+    from rlkit.stages.grounding import grounding_tasks
 
     env = VisGymMaze(variant="small")
-    c = OmegaConf.create({"ok": [["walls"], ["cell", "walls"]], "flat": ["walls"], "mixed": ["walls", ["cell"]],
-                          "none_phase": [["walls"], None], "empty": [["walls"], []], "typo": [["wals"]]})
-    assert curriculum_phases(env, c.ok) == [["walls"], ["cell", "walls"]]
-    assert curriculum_phases(env, []) == curriculum_phases(env, None) == [list(env.grounding_tasks)]
-    with pytest.raises(ValueError, match=r"a list of phases, each a list of tasks: write 'grounding.curriculum=\[\[walls\]\]'"):
-        curriculum_phases(env, c.flat)
-    for bad in (c.mixed, c.none_phase):  # not a flat slip: an example, not a rewrite of what was typed
-        with pytest.raises(ValueError, match=r"each a list of tasks: e.g. 'grounding.curriculum=\[\[walls\]\]'"):
-            curriculum_phases(env, bad)
-    with pytest.raises(ValueError, match="phase 2 is empty; drop it"):
-        curriculum_phases(env, c.empty)
+    c = OmegaConf.create({"ok": ["cell", "walls", "cell"], "nested": [["walls"]], "mixed": ["walls", ["cell"]],
+                          "typo": ["wals"]})
+    assert grounding_tasks(env, c.ok) == ["cell", "walls"]  # in order, each once
+    assert grounding_tasks(env, []) == grounding_tasks(env, None) == list(env.grounding_tasks)
+    for bad in (c.nested, c.mixed):  # the old curriculum's list of phases: the flat form to write instead
+        with pytest.raises(ValueError, match=r"a flat list of task names, e.g. 'grounding.tasks=\[walls\]'"):
+            grounding_tasks(env, bad)
     with pytest.raises(ValueError, match=r"unknown task\(s\) \['wals'\]; VisGymMaze offers \['cell'"):
-        curriculum_phases(env, c.typo)
+        grounding_tasks(env, c.typo)
+    with pytest.raises(ValueError, match="offers no grounding questions.*grounding.enabled=false"):
+        grounding_tasks(object(), ["walls"])

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-import rlkit.run
-from rlkit.backends.native import NativeRun
-from rlkit.config import stop_strings
-from rlkit.policy import SamplingParams, load_policy, make_engine
+import rlkit.plugins
+import rlkit.stages.warm_start
+from rlkit.console import Progress
+from rlkit.recipes.grpo import GRPORecipe
+from rlkit.recipes.local import LocalExecutor
+from rlkit.recipes.validation import check_config
 from rlkit.run import ConfigError, compose_train, instantiate_plugin
+from rlkit.stages import warm_start as ws
 
 
 def _cfg(tmp_path, *overrides):
@@ -26,12 +29,17 @@ def _cfg(tmp_path, *overrides):
 
 
 def _warm_start(cfg):
-    run = NativeRun(cfg)
-    run._validate()
-    run.env_spec = instantiate_plugin(cfg.env, "env")
-    run.stop = stop_strings(run.rollout_cfg, run.env_spec)
-    run.eval_seeds = run.env_spec.eval_seeds()
-    return run._warm_start(load_policy, make_engine, SamplingParams)
+    """The warm start GRPORecipe.setup builds for ``cfg`` (its checks first, as setup runs them): the planned
+    chain's builds (rlkit.stages.warm_start), or the grounded base without sft."""
+    check_config(cfg)
+    job = ws.make_job(cfg, instantiate_plugin(cfg.env, "env"))
+    problem = ws.grounding_problem(job)
+    if problem:
+        raise ConfigError(problem)
+    progress = Progress(quiet=True)
+    if not cfg.sft.enabled:
+        return ws.grounded_base(job, progress)
+    return ws.build_warm_start(ws.plan_warm_start(job, check_config, progress.say), progress)
 
 
 def _longest_edge(ckpt):
@@ -41,7 +49,7 @@ def _longest_edge(ckpt):
 def test_the_warm_start_starts_from_the_other_envs_build_and_keys_as_the_chained_job(tmp_path, monkeypatch):
     # the other env's job is the smoke's 7x7 one here (its own job composes env=visgym_small alone: ~6 minutes)
     small = ["env=visgym_small"]
-    monkeypatch.setattr(rlkit.run, "compose_train", lambda overrides: _cfg(tmp_path, *small)
+    monkeypatch.setattr(rlkit.stages.warm_start, "compose_train", lambda overrides: _cfg(tmp_path, *small)
                         if list(overrides) == small else pytest.fail(f"composed {overrides}"))
     ws = _warm_start(_cfg(tmp_path, "env=visgym", "sft.start_from_env=visgym_small"))
     built = sorted((tmp_path / "cache" / "sft").glob("*/sft_summary.json"))
@@ -72,7 +80,7 @@ def test_start_from_env_is_refused_before_any_work_when_it_cannot_apply(tmp_path
 
 def test_start_from_leaves_the_stage_key_as_before():
     from rlkit.config import SFTConfig
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     off = OmegaConf.structured(SFTConfig)
     for key, name in (("start_from_env", "visgym_small"), ("start_from_experiment", "tiny_9x9_curriculum")):
@@ -83,7 +91,7 @@ def test_start_from_leaves_the_stage_key_as_before():
 def _composes(tmp_path, monkeypatch, jobs):
     """compose_train as the running job sees it: ``jobs`` maps an override (e.g. "env=visgym_small") to the
     smoke-sized overrides its job composes here (the real ones build for minutes to an hour)."""
-    monkeypatch.setattr(rlkit.run, "compose_train", lambda overrides: _cfg(tmp_path, *jobs[overrides[0]])
+    monkeypatch.setattr(rlkit.stages.warm_start, "compose_train", lambda overrides: _cfg(tmp_path, *jobs[overrides[0]])
                         if len(overrides) == 1 and overrides[0] in jobs else pytest.fail(f"composed {overrides}"))
 
 
@@ -136,12 +144,6 @@ def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(t
     _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.enabled=false"]})
     with pytest.raises(ConfigError, match="the job experiment=tiny_9x9_curriculum has no warm start to start from"):
         _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
-    # a refusal inside the chain names the chain it came from
-    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym"],
-                                      "env=visgym": ["env=visgym"]})
-    with pytest.raises(ConfigError, match=r"in the warm start this job starts from \(experiment=tiny_9x9_curriculum\): "
-                                          r"sft.start_from_env=visgym is this job's env"):
-        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
     # this job's policy.tiny would build nothing: the experiment's job builds the warm start with its own
     _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym"]})
     with pytest.raises(ConfigError, match=r"this job's policy.tiny.text_layers=2 would change nothing \(that job has 4\)"):
@@ -149,34 +151,40 @@ def test_start_from_experiment_is_refused_before_any_work_when_it_cannot_apply(t
     assert not (tmp_path / "cache" / "sft").exists()
 
 
+def test_a_refusal_inside_the_chain_names_the_chain_it_came_from(tmp_path, monkeypatch):
+    _composes(tmp_path, monkeypatch, {"experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym"],
+                                      "env=visgym": ["env=visgym"]})
+    with pytest.raises(ConfigError, match=r"in the warm start this job starts from \(experiment=tiny_9x9_curriculum\): "
+                                          r"sft.start_from_env=visgym is this job's env"):
+        _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
+    assert not (tmp_path / "cache" / "sft").exists()
+
+
 def test_answers_the_rollouts_would_cut_are_refused_before_any_build_of_the_chain(tmp_path, monkeypatch):
-    # an inner job of the chain whose solver answers need more tokens than its rollouts allow (plan_cells
-    # writes a cell after every move): refused before its own chain's 7x7 build, not after an hour of builds
+    # an inner job of the chain whose solver answers need more tokens than its rollouts allow (plan_walls
+    # transcribes every wall before the route): refused before its own chain's 7x7 build, not after an hour of builds
     _composes(tmp_path, monkeypatch, {
-        "experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym_small", "env.parser=plan_cells"],
+        "experiment=tiny_9x9_curriculum": ["env=visgym", "sft.start_from_env=visgym_small", "env.parser=plan_walls"],
         "env=visgym_small": ["env=visgym_small"]})
     with pytest.raises(ConfigError, match=r"in the warm start this job starts from \(experiment=tiny_9x9_curriculum\): "
                                           r"rollout.max_new_tokens=24 cuts answers: .* set rollout.max_new_tokens=\d+"):
         _warm_start(_cfg(tmp_path, "sft.start_from_experiment=tiny_9x9_curriculum"))
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
     # the outermost job's own answers: refused by setup before the grounding stage and the warm start
-    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_cells", "grounding.enabled=true", "logger=console")
+    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_walls", "grounding.enabled=true", "logger=console")
     with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=24 cuts answers: the solver's answer to evaluation "
-                                          r"task \d+ is \d+ tokens in env.parser=plan_cells's format"):
-        NativeRun(cfg).setup()
+                                          r"task \d+ is \d+ tokens in env.parser=plan_walls's format"):
+        GRPORecipe(cfg, LocalExecutor()).setup()
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
     # with room for them, the same check passes
-    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_cells", "rollout.max_new_tokens=80")
-    run = NativeRun(cfg)
-    run._validate()
-    run.env_spec = instantiate_plugin(cfg.env, "env")
-    run.stop = stop_strings(run.rollout_cfg, run.env_spec)
-    run.eval_seeds = run.env_spec.eval_seeds()
-    run._check_answer_fits(run._tokenizer_before_builds())  # no error: 80 tokens hold every answer
+    cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_walls", "rollout.max_new_tokens=80")
+    check_config(cfg)
+    job = ws.make_job(cfg, instantiate_plugin(cfg.env, "env"))
+    ws.check_answer_fits(job, ws.tokenizer_before_builds(cfg.policy))  # no error: 80 tokens hold every answer
 
 
 def test_an_edited_prompt_text_builds_another_warm_start(tmp_path, monkeypatch):
-    """The env's prompt is code, not config: the warm-start key hashes it (rlkit.sft.prompt_fingerprint), so a
+    """The env's prompt is code, not config: the warm-start key hashes it (rlkit.stages.cache.prompt_fingerprint), so a
     warm start that learned to answer the old text is not reused for the new one."""
     import envs.visgym.episode as episode
 
@@ -192,14 +200,17 @@ def test_an_edited_prompt_text_builds_another_warm_start(tmp_path, monkeypatch):
 
 def test_the_fingerprint_hashes_the_prompt_and_the_demonstrated_answer(monkeypatch):
     import envs.visgym.episode as episode
-    from rlkit.sft import prompt_fingerprint
+    from rlkit.stages.cache import prompt_fingerprint
 
     def env(parser="plan"):
         return instantiate_plugin(OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "small",
                                                     "mode": "plan", "parser": parser, "max_turns": 17}), "env")
 
     plain = prompt_fingerprint(env())
-    assert prompt_fingerprint(env()) == plain and prompt_fingerprint(env("plan_map")) != plain
+    assert prompt_fingerprint(env()) == plain and prompt_fingerprint(env("plan_walls")) != plain
+    import envs.visgym.spec as spec
+
     original = episode.demonstration_texts
-    monkeypatch.setattr(episode, "demonstration_texts", lambda *a: [t.upper() for t in original(*a)])
+    # the name VisGymMaze.demonstration calls (envs/visgym/spec.py imports it)
+    monkeypatch.setattr(spec, "demonstration_texts", lambda *a: [t.upper() for t in original(*a)])
     assert prompt_fingerprint(env()) != plain  # another answer format: another warm start

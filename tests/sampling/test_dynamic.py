@@ -1,5 +1,6 @@
-"""DAPO dynamic sampling in the native loop (NativeRun._dynamic_sampling) with a scripted rollout:
-which groups are kept, how many rounds run, and what the metrics say."""
+"""DAPO dynamic sampling (sampling=dapo; rlkit.sampling.dynamic) through the step's sampler
+(rlkit.sampling.StepSampler) with a scripted rollout: which groups are kept, how many rounds run, and what
+the metrics say."""
 
 from __future__ import annotations
 
@@ -7,50 +8,74 @@ import contextlib
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from rlkit.backends.native import NativeRun
+from rlkit.algorithms.grpo import group_advantages
+from rlkit.config import AlgorithmConfig, AuxLossConfig, SamplingConfig
 from rlkit.policy import SamplingParams
+from rlkit.sampling import StepSampler
+from rlkit.sampling.dynamic import round_size
 from rlkit.types import RewardOutput
 
 
-def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=False):
-    """A NativeRun (no policy) whose rollouts draw tasks 0, 1, 2, ... in order."""
-    run = NativeRun.__new__(NativeRun)
-    run.cfg = SimpleNamespace(tasks_per_step=tasks_per_step, group_size=group_size, steps=1)
-    run.algo = SimpleNamespace(dynamic_sampling_max_rounds=max_rounds, dynamic_sampling_adaptive_batch=adaptive)
-    run.informative_counts = (1, 1)
-    counter = iter(range(10_000))
-    run.sampler = SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)])
-    run.progress = SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext())
-    run.rollout_seeds = []
+def _traj(group, sample, seed):
+    ep = SimpleNamespace(seed=seed, success=False, turns=[], parse_failures=0, truncated=False)
+    return SimpleNamespace(group=group, sample=sample, episode=ep, num_policy_tokens=1, num_truncated_turns=0,
+                           input_ids=[0])
 
-    def rollout(step, seeds, sampling, n=None):
-        run.rollout_seeds.append((list(seeds), sampling.seed))
-        trajs = [SimpleNamespace(group=g, sample=j, episode=SimpleNamespace(seed=s))
-                 for g, s in enumerate(seeds) for j in range(n or group_size)]
+
+def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=False):
+    """A StepSampler (no policy) whose rollouts draw tasks 0, 1, 2, ... in order; ``rollout_seeds`` records
+    each round's (task seeds, sampling seed)."""
+    counter = iter(range(10_000))
+    rollout_seeds, rolled = [], []
+
+    def rollout(step, seeds, sampling, n):
+        rollout_seeds.append((list(seeds), sampling.seed))
+        trajs = [_traj(g, j, s) for g, s in enumerate(seeds) for j in range(n)]
+        rolled.extend(trajs)
         return trajs, {}
 
-    run._rollout = rollout
-    return run
+    sampler = StepSampler(
+        rollout=rollout, reward_fn=None, tasks=SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)]),
+        demonstrations=lambda seeds: [], sampling=SamplingConfig(name="dapo", max_rounds=max_rounds,
+                                                                 adaptive_batch=adaptive),
+        aux=AuxLossConfig(), algo=AlgorithmConfig(), group_size=group_size, tasks_per_step=tasks_per_step, seed=0,
+        steps=1, base_sampling=SamplingParams(temperature=1.0, seed=100), control=None,
+        progress=SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext()))
+    sampler.rollout_seeds, sampler.rolled = rollout_seeds, rolled
+    return sampler
 
 
 def call(run, informative):
-    """One step's first round and dynamic sampling; the group on task s gets rewards [1, 0, ...]
-    when informative(s), else all 0."""
+    """One step's sampling (first round and dynamic sampling); the group on task s gets rewards [1, 0, ...]
+    when informative(s), else all 0. Returns ((kept, their rewards, every sampled trajectory, every reward
+    output, dynamic/* metrics), the step's timing/* metrics)."""
     seen: dict[int, int] = {}
+    reward_of: dict[int, float] = {}
+    outs = []
 
     def reward(episode):
         j = seen.get(episode.seed, 0)
         seen[episode.seed] = j + 1
-        return RewardOutput(total=1.0 if informative(episode.seed) and j == 0 else 0.0)
+        out = RewardOutput(total=1.0 if informative(episode.seed) and j == 0 else 0.0)
+        reward_of[id(episode)] = out.total
+        outs.append(out)
+        return out
 
     run.reward_fn = reward
-    sampling = SamplingParams(temperature=1.0, seed=100)
-    timing: dict[str, float] = {}
-    first = run.sampler.sample(run._round_size(run.cfg.tasks_per_step, 0)) if run.algo.dynamic_sampling_adaptive_batch else None
-    trajs, out, _ = run._sample_round(1, sampling, timing, first)
-    return run._dynamic_sampling(1, sampling, trajs, out, timing), timing
-
+    first = len(run.rolled)
+    batch = run.sample(1)
+    sampled = run.rolled[first:]
+    kept = batch.trajectories
+    rewards = torch.tensor([reward_of[id(t.episode)] for t in kept])
+    # the update's advantages are the kept groups' own (each group normalised over its G samples)
+    assert torch.allclose(batch.advantages, group_advantages(rewards, run.group_size, True, run.algo.adv_eps))
+    m = {k: v for k, v in batch.metrics.items() if k.startswith("dynamic/")}
+    timing = {k: v for k, v in batch.metrics.items() if k.startswith("timing/")}
+    # reward/* describe everything sampled, not only the kept groups
+    assert batch.metrics["reward/mean"] == pytest.approx(sum(o.total for o in outs) / len(outs))
+    return (kept, rewards, sampled, outs, m), timing
 
 def test_fills_the_batch_with_informative_groups_from_later_rounds():
     run = scripted_run()
@@ -94,10 +119,10 @@ def test_negative_max_rounds_is_refused(value, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "train.py"), "experiment=smoke", "logger=console",
-                           f"algorithm.dynamic_sampling_max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
+                           "sampling.name=dapo", f"sampling.max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "RLKIT_CACHE_DIR": str(tmp_path / "cache")})
-    assert proc.returncode != 0 and "dynamic_sampling_max_rounds=-1" in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "max_rounds=-1" in proc.stdout + proc.stderr
 
 
 def test_adaptive_rounds_are_sized_from_the_last_steps_informative_share():
@@ -116,15 +141,18 @@ def test_adaptive_rounds_are_sized_from_the_last_steps_informative_share():
 
 
 def test_adaptive_round_size_is_an_exact_integer_ceiling():
+    def size(missing, drawn, counts):  # tasks_per_step=2, max_rounds=63
+        return round_size(missing, drawn, counts, 63, 2)
+
+    assert size(1, 0, (1, 49)) == 49  # 1 / (1/49) is 49.000000000000004 in floats: ceil would give 50
+    assert size(2, 0, (3, 7)) == 5  # ceil(2 x 7 / 3) = ceil(4.67)
+    assert size(2, 125, (3, 7)) == 3  # what the budget of 64 x 2 tasks leaves
+    assert size(1, 0, (3, 7)) == 3  # ceil(7 / 3) = 3 >= tasks_per_step
+    assert size(1, 0, (5, 5)) == 2  # never fewer than a plain round
+    # and the sampler's adaptive round asks for that many tasks of its task stream
     run = scripted_run(tasks_per_step=2, max_rounds=63, adaptive=True)
-    run.informative_counts = (1, 49)  # 1 / (1/49) is 49.000000000000004 in floats: ceil would give 50
-    assert run._round_size(1, 0) == 49
     run.informative_counts = (3, 7)
-    assert run._round_size(2, 0) == 5  # ceil(2 x 7 / 3) = ceil(4.67)
-    assert run._round_size(2, 125) == 3  # what the budget of 64 x 2 tasks leaves
-    assert run._round_size(1, 0) == 3  # ceil(7 / 3) = 3 >= tasks_per_step
-    run.informative_counts = (5, 5)
-    assert run._round_size(1, 0) == 2  # never fewer than a plain round
+    assert run._adaptive_round(0, 2) == [0, 1, 2, 3, 4]
 
 
 def test_adaptive_rounds_stay_within_the_steps_task_budget():

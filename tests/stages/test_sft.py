@@ -3,7 +3,8 @@
 from omegaconf import OmegaConf
 
 from rlkit.config import SFTConfig, check_sft_stage
-from rlkit.sft import sft_cache_key, sft_stage_config, sft_stage_configs
+from rlkit.stages.cache import sft_cache_key
+from rlkit.stages.sft import sft_stage_config, sft_stage_configs
 
 ENV = OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "easy", "mode": "plan"})
 POLICY = {"name": "tiny_vl", "path": None}

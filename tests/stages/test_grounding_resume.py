@@ -5,17 +5,17 @@ import json
 import pytest
 import torch
 
-import rlkit.grounding as grounding_mod
+import rlkit.stages.grounding as grounding_mod
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import GroundingConfig
 from rlkit.policy import load_policy
-from rlkit.sft import partial_dir
+from rlkit.stages.cache import partial_dir
 from tests.conftest import TEST_DTYPE
 
-# two phases, the second reached at the first check (advance_accuracy 0), so the resumed build must
-# also come back in the right phase; warmup spans the stop, so the lr schedule's state counts too
-CFG = GroundingConfig(curriculum=[["agent"], ["walls"]], advance_accuracy=0.0, target_accuracy=1.0, max_steps=6,
-                      batch_size=2, lr=1e-3, warmup_steps=5, val_questions=4, eval_every=3)
+# two tasks drawn at random (the question draws' generator is part of the saved state); warmup spans the stop,
+# so the lr schedule's state counts too
+CFG = GroundingConfig(tasks=["agent", "walls"], target_accuracy=1.0, max_steps=6, batch_size=2, lr=1e-3,
+                      warmup_steps=5, val_questions=4, eval_every=3)
 
 
 def _build(small_ckpt, out_dir, **kw):
@@ -27,7 +27,7 @@ def _build(small_ckpt, out_dir, **kw):
 def test_a_stopped_grounding_build_resumes_to_the_uninterrupted_builds_weights(small_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(grounding_mod, "PARTIAL_EVERY", 2)
     whole, whole_summary = _build(small_ckpt, tmp_path / "whole")
-    assert whole_summary["phase_starts"] == [0, 3] and not partial_dir(tmp_path / "whole").exists()
+    assert whole_summary["tasks"] == ["agent", "walls"] and not partial_dir(tmp_path / "whole").exists()
 
     real, calls = grounding_mod.draw_examples, []
 
@@ -43,13 +43,13 @@ def test_a_stopped_grounding_build_resumes_to_the_uninterrupted_builds_weights(s
         _build(small_ckpt, out)
     assert not out.exists()  # nothing half-built where the cache looks
     saved = torch.load(partial_dir(out) / "state.pt", weights_only=False)
-    assert saved["step"] == 4 and saved["phase"] == 1  # saves every 2 steps and at the check after step 3
+    assert saved["step"] == 4 and len(saved["history"]) == 1  # saves every 2 steps; the check after step 3 in it
 
     monkeypatch.setattr(grounding_mod, "draw_examples", real)
     resumed = []
     policy, summary = _build(small_ckpt, out, on_resume=resumed.append)
     assert resumed == [4] and summary["resumed_at"] == [4]
-    assert summary["steps"] == 6 and summary["phase_starts"] == [0, 3]
+    assert summary["steps"] == 6 and summary["tasks"] == ["agent", "walls"]
     assert summary["history"] == [{**h, "wall_time_s": summary["history"][i]["wall_time_s"]}
                                   for i, h in enumerate(whole_summary["history"])]
     mine, theirs = policy.model.state_dict(), whole.model.state_dict()

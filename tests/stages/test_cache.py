@@ -2,9 +2,10 @@
 
 import shutil
 
+import pytest
 from omegaconf import OmegaConf
 
-from rlkit.sft import sft_cache_key
+from rlkit.stages.cache import sft_cache_key
 
 SFT = OmegaConf.create({"lr": 1e-3, "max_steps": 10, "seed": 1234})
 ENV = OmegaConf.create({"_target_": "envs.visgym.VisGymMaze", "variant": "easy", "mode": "plan"})
@@ -56,7 +57,7 @@ def test_the_validation_decoding_is_part_of_the_key():
 
 
 def test_grounding_mix_off_keys_as_before_the_option_existed():
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"grounding_mix": 0})), ENV, _policy()) == before
@@ -64,23 +65,20 @@ def test_grounding_mix_off_keys_as_before_the_option_existed():
 
 
 def test_constant_lr_schedule_keys_as_before_the_option_existed():
-    from rlkit.sft import sft_stage_config
+    from rlkit.stages.sft import sft_stage_config
 
     before = sft_cache_key(SFT, ENV, _policy())
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"lr_schedule": "constant"})), ENV, _policy()) == before
     assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"lr_schedule": "cosine"})), ENV, _policy()) != before
 
 
-def test_corner_endpoints_key_as_before_the_option_existed():
+@pytest.mark.parametrize("key, value", [("train_room_endpoints", 0.0), ("train_open_passage", 0.0),
+                                        ("route_context", "picture")])
+def test_a_removed_env_key_at_todays_behaviour_keys_as_today(key, value):
+    """An older run's env config still holds a removed lever's key (conf/compat.yaml, removed) at the value
+    under which builds drew what they draw now: it finds the entries built without the key."""
     before = sft_cache_key(SFT, ENV, _policy())
-    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_room_endpoints": 0.0}), _policy()) == before
-    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_room_endpoints": 0.5}), _policy()) != before
-
-
-def test_tree_mazes_key_as_before_the_loop_option_existed():
-    before = sft_cache_key(SFT, ENV, _policy())
-    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_open_passage": 0.0}), _policy()) == before
-    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {"train_open_passage": 0.5}), _policy()) != before
+    assert sft_cache_key(SFT, OmegaConf.merge(ENV, {key: value}), _policy()) == before
 
 
 def test_the_layout_holdout_keys_as_before_the_option_existed():
@@ -99,30 +97,13 @@ def test_a_checkpoint_overwritten_in_place_with_same_size_weights_keys_anew(tmp_
     (ckpt / "model.safetensors").write_bytes(b"\0" * 1_000_000 + b"\1" + b"\0" * 999_999)  # same name and size
     assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
     # a shard above the whole-file size is read by chunks: a change in its first or last MiB counts too
-    import rlkit.sft
+    import rlkit.stages.cache
 
-    monkeypatch.setattr(rlkit.sft, "_WHOLE_FILE_BYTES", 1 << 20)
+    monkeypatch.setattr(rlkit.stages.cache, "_WHOLE_FILE_BYTES", 1 << 20)
     shard = bytearray(5 << 20)
     (ckpt / "model.safetensors").write_bytes(bytes(shard))
     key = sft_cache_key(SFT, ENV, _policy(path=str(ckpt)))
     shard[-1] = 7
     (ckpt / "model.safetensors").write_bytes(bytes(shard))
     assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
-    assert rlkit.sft.checkpoint_fingerprint(ckpt) == rlkit.sft.checkpoint_fingerprint(ckpt)  # stable
-
-
-def test_a_route_pass_build_is_keyed_on_its_own_builder_version(monkeypatch):
-    """A route-pass warm start (env.route_context=text) rebuilds when ROUTE_PASS_BUILDER_VERSION is bumped (a
-    build made before 03fa612 trained its continuations differently); every other warm start keeps its key."""
-    import rlkit.sft as sft
-
-    route_env = OmegaConf.merge(ENV, {"route_context": "text"})
-    picture_env = OmegaConf.merge(ENV, {"route_context": "picture"})
-    route, picture, plain = (sft_cache_key(SFT, e, _policy()) for e in (route_env, picture_env, ENV))
-    assert picture == plain  # "picture" is the value every build before the key had
-    assert "route_pass_builder_version" in sft.cache_key_inputs(SFT, route_env, _policy())
-    assert "route_pass_builder_version" not in sft.cache_key_inputs(SFT, picture_env, _policy())
-    monkeypatch.setattr(sft, "ROUTE_PASS_BUILDER_VERSION", sft.ROUTE_PASS_BUILDER_VERSION + 1)
-    assert sft_cache_key(SFT, route_env, _policy()) != route
-    assert sft_cache_key(SFT, picture_env, _policy()) == picture
-    assert sft_cache_key(SFT, ENV, _policy()) == plain
+    assert rlkit.stages.cache.checkpoint_fingerprint(ckpt) == rlkit.stages.cache.checkpoint_fingerprint(ckpt)  # stable

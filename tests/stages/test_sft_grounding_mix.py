@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-import rlkit.sft as sft_mod
+import rlkit.stages.sft as sft_mod
 from envs.visgym.spec import VisGymMaze
 from rlkit.config import SFTConfig
 from rlkit.policy import SamplingParams, make_engine

@@ -7,9 +7,12 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-import rlkit.backends.native as native
-from rlkit.backends.native import NativeRun, build_threads, cgroup_cpu_limit
+import rlkit.recipes.threads as native
+from rlkit.recipes.grpo import GRPORecipe
+from rlkit.recipes.local import LocalExecutor
+from rlkit.recipes.threads import build_threads, cgroup_cpu_limit
 from rlkit.run import compose_train
+from rlkit.stages import warm_start
 
 
 def test_the_setting_wins_then_omp_num_threads_then_the_usable_cores_under_the_cpu_quota(monkeypatch):
@@ -68,16 +71,16 @@ def test_the_builds_run_on_build_threads_and_training_on_num_threads_even_after_
         cfg.paths.cache_dir = str(tmp_path / "cache")
     seen = []
 
-    def failing_build(self, *args):
+    def failing_build(*args):
         seen.append(torch.get_num_threads())
         raise RuntimeError("the build failed")
 
-    # sft.enabled=false: the grounding stage alone is the build (_grounded_base)
-    monkeypatch.setattr(NativeRun, "_warm_start" if sft_enabled else "_grounded_base", failing_build)
+    # sft.enabled=false: the grounding stage alone is the build (rlkit.stages.warm_start.grounded_base)
+    monkeypatch.setattr(warm_start, "build_warm_start" if sft_enabled else "grounded_base", failing_build)
     torch.set_num_threads(1)
     try:
         with pytest.raises(RuntimeError, match="the build failed"):
-            NativeRun(cfg).setup()
+            GRPORecipe(cfg, LocalExecutor()).setup()
         assert seen == [3]
         assert torch.get_num_threads() == (num_threads or 1)
     finally:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rlkit.update import warmup_schedule
+from rlkit.algorithms.schedules import warmup_schedule
 from tests.conftest import TEST_DTYPE
 
 
@@ -34,7 +34,7 @@ def test_the_warm_start_decays_its_lr_on_sft_lr_schedule_cosine(small_ckpt, tmp_
     from envs.visgym.spec import VisGymMaze
     from rlkit.config import SFTConfig
     from rlkit.policy import SamplingParams, load_policy, make_engine
-    from rlkit.sft import train_sft
+    from rlkit.stages.sft import train_sft
 
     policy = load_policy(name="sft_cosine_test", path=str(small_ckpt), device="cpu", dtype=TEST_DTYPE,
                          lora={"enabled": False})

@@ -1,0 +1,135 @@
+"""rlkit.recipes.validation: what the GRPO recipe refuses before any work. Config problems (the sampling
+strategy's keys) and env capabilities (rlkit.types' Supports* protocols): a stage the env cannot feed is refused
+naming the capability and the override that avoids it."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import open_dict
+
+from rlkit.errors import ConfigError
+from rlkit.recipes.validation import capability_problems, check_config, config_problems
+from rlkit.run import compose_train
+from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions
+
+
+class BareEnv:
+    """An env with the required EnvSpec interface only: no solver, no grounding questions, no renderer."""
+
+    eval_set_name = "bare_4"
+    max_turns = 1
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def eval_seeds(self):
+        return [0, 1, 2, 3]
+
+    def is_eval_seed(self, seed):
+        return seed < 4
+
+    def make(self):
+        raise AssertionError("capability checks do not build an env unless control=fixed_image")
+
+
+class WithDemonstrations(BareEnv):
+    def demonstration(self, seed):
+        return ["<answer>stop</answer>"]
+
+
+class WithQuestions(BareEnv):
+    grounding_tasks = ("walls",)
+
+    def grounding_example(self, seed, task, rng):
+        raise AssertionError("not asked here")
+
+
+def _cfg(*overrides):
+    """The smoke config (its recipe mixes sft.grounding_mix=8 questions in: 0 unless a test says otherwise); the
+    paths are set, as train.py's Hydra run sets them (nothing is written where they point)."""
+    cfg = compose_train(["experiment=smoke", "logger=console", "sft.grounding_mix=0", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = "/nonexistent/run"
+        cfg.paths.cache_dir = "/nonexistent/cache"
+    return cfg
+
+
+def test_the_protocols_are_what_an_env_declares_by_its_methods():
+    from envs.visgym import VisGymMaze
+
+    assert not isinstance(BareEnv(), SupportsDemonstrations) and not isinstance(BareEnv(), SupportsGroundingQuestions)
+    assert isinstance(WithDemonstrations(), SupportsDemonstrations)
+    assert isinstance(WithQuestions(), SupportsGroundingQuestions)
+    maze = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    assert isinstance(maze, SupportsDemonstrations) and isinstance(maze, SupportsGroundingQuestions)
+
+
+def test_the_sft_warm_start_needs_a_solver():
+    (problem,) = capability_problems(_cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0"), BareEnv())
+    assert "SupportsDemonstrations" in problem and "set sft.enabled=false" in problem
+    assert "(BareEnv)" in problem  # the env is named
+    assert capability_problems(_cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0"),
+                               WithDemonstrations()) == []
+
+
+def test_an_env_with_only_the_required_interface_runs_plain_grpo():
+    assert capability_problems(_cfg("sft.enabled=false", "grounding.enabled=false", "aux_loss.demo_coef=0"), BareEnv()) == []
+
+
+def test_the_demonstration_loss_needs_a_solver():
+    cfg = _cfg("sft.enabled=false", "grounding.enabled=false", "aux_loss.demo_coef=0.3")
+    (problem,) = capability_problems(cfg, BareEnv())
+    assert "SupportsDemonstrations" in problem and "aux_loss.demo_coef=0.3" in problem
+    assert "set aux_loss=none" in problem
+    assert capability_problems(cfg, WithDemonstrations()) == []
+
+
+def test_the_grounding_stage_and_the_grounding_mix_need_questions():
+    cfg = _cfg("sft.enabled=false", "grounding.enabled=true", "aux_loss.demo_coef=0")
+    (problem,) = capability_problems(cfg, BareEnv())
+    assert "SupportsGroundingQuestions" in problem and "set grounding.enabled=false" in problem
+    assert capability_problems(cfg, WithQuestions()) == []
+    # a policy.path checkpoint is not grounded (it reads images already): nothing to ask
+    assert capability_problems(_cfg("sft.enabled=false", "grounding.enabled=true", "aux_loss.demo_coef=0",
+                                    "policy.path=/some/ckpt"), BareEnv()) == []
+    mix = _cfg("sft.enabled=true", "sft.grounding_mix=2", "grounding.enabled=false", "aux_loss.demo_coef=0")
+    (problem,) = capability_problems(mix, WithDemonstrations())
+    assert "sft.grounding_mix=2" in problem and "set sft.grounding_mix=0" in problem
+
+
+def test_every_problem_is_reported_at_once_and_visgym_has_every_capability():
+    from envs.visgym import VisGymMaze
+
+    cfg = _cfg("sft.enabled=true", "sft.grounding_mix=2", "grounding.enabled=true", "aux_loss.demo_coef=0.3")
+    problems = capability_problems(cfg, BareEnv())
+    assert len(problems) == 4
+    assert ["sft.enabled=false" in p for p in problems] == [True, False, False, False]
+    assert "aux_loss.demo_coef=0" in problems[1] and "grounding.enabled=false" in problems[2]
+    assert "sft.grounding_mix=0" in problems[3]
+    assert capability_problems(cfg, VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)) == []
+
+
+def test_setup_refuses_an_env_that_cannot_feed_a_stage_before_any_build(tmp_path):
+    from rlkit.recipes.grpo import GRPORecipe
+    from rlkit.recipes.local import LocalExecutor
+
+    cfg = _cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0", "eval.num_tasks=null")
+    with open_dict(cfg):
+        cfg.env = {"_target_": f"{__name__}.BareEnv", "name": "bare"}
+        cfg.paths.output_dir = str(tmp_path / "run")
+        cfg.paths.cache_dir = str(tmp_path / "cache")
+    with pytest.raises(ConfigError, match=r"env bare \(BareEnv\) has no solver .*set sft\.enabled=false"):
+        GRPORecipe(cfg, LocalExecutor()).setup()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_plain_sampling_refuses_the_dapo_keys():
+    problems = config_problems(_cfg("sampling.name=plain", "sampling.max_rounds=2"))
+    assert problems == ["sampling.max_rounds=2 / sampling.adaptive_batch=false belong to DAPO dynamic sampling, "
+                        "which sampling=plain does not run: choose sampling=dapo, or set them to 0 / false"]
+    (problem,) = config_problems(_cfg("sampling.name=plain", "sampling.adaptive_batch=true"))
+    assert "sampling.adaptive_batch=true belong to DAPO" in problem
+    with pytest.raises(ConfigError, match="sampling=dapo with sampling.max_rounds=0 samples no extra round"):
+        check_config(_cfg("sampling.name=dapo", "sampling.max_rounds=0"))
+    assert config_problems(_cfg("sampling.name=dapo", "sampling.max_rounds=3")) == []
+    assert config_problems(_cfg("sampling.name=plain")) == []
