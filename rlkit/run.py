@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlkit.config import compat_table
 from rlkit.errors import ConfigError, DiskFullError
 from rlkit.plugins import (  # noqa: F401 (re-exported)
     compose_train,
@@ -110,9 +111,18 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
                 names = [prefix + k for k in known]
                 if depth == 0:  # a group's key typed without its group: `demo_coef=0.3`
                     names += [f"{k}.{g.name}" for k, f in known.items() if _typed_group(f) for g in fields(_typed_group(f))]
+                key = o.key_or_group
+                renamed, removed = compat_table("renamed"), compat_table("removed")
+                if key in renamed:  # an older rlkit's name (conf/compat.yaml)
+                    out.append(f"{key} (renamed: {renamed[key]})")
+                    break
+                if key in removed:
+                    out.append(f"{key} (a lever removed from rlkit, docs/experiments.md; its code is at git tag "
+                               "levers-before-removal)")
+                    break
                 close = (difflib.get_close_matches(prefix + part, names, n=1)
                          or [n for n in names if n.endswith("." + part)][:1])
-                out.append(o.key_or_group + (f" (did you mean {close[0]}?)" if close else ""))
+                out.append(key + (f" (did you mean {close[0]}?)" if close else ""))
                 break
             cls = _typed_group(known[part])
             if cls is None:
