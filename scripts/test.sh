@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 export WANDB_MODE=offline WANDB_SILENT=true
+# the 25 slowest tests' durations go to tests/durations.txt (tests/conftest.py), so a test that slows down shows in
+# its diff; RLKIT_DURATIONS_FILE=0 leaves the file alone
+export RLKIT_DURATIONS_FILE=${RLKIT_DURATIONS_FILE:-1}
 # Two pytest-xdist workers, one a core, each test file whole on one worker (--dist loadfile: a file's module
 # fixtures, such as its Ray instance, are built once): 475 s here against 800 s in one process.
 # One process (pytest's own output order, for debugging): RLKIT_TEST_WORKERS=1, or pass -n yourself; options

@@ -356,14 +356,15 @@ def test_resume_with_more_steps_stretches_a_cosine_schedule(tmp_path, cache):
 def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoint_base(tmp_path):
     """rlkit.resume.recorded_base: the adapter's recorded warm start at its path, else under this run's cache (the
     entry's name is its key), else None; a warning when it was built for another prompt than the env's today. The
-    recipe asks it only for a run that builds (GRPORecipe._warm_start): none for a run whose base is policy.path."""
+    recipe asks it only for a run that builds (rlkit.stages.warm_start.starting_checkpoint): none for a run whose base
+    is policy.path."""
     import types
 
     from omegaconf import OmegaConf
 
     from envs.visgym.spec import VisGymMaze
-    from rlkit.recipes.grpo import GRPORecipe
     from rlkit.resume import recorded_base
+    from rlkit.stages.warm_start import starting_checkpoint
     from rlkit.stages.cache import prompt_fingerprint
 
     env = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
@@ -377,12 +378,11 @@ def test_the_recorded_base_is_found_where_the_cache_moved_and_not_for_a_checkpoi
         return recorded_base(ckpt, cache, prompt_fingerprint(env), said.append)
 
     def recipe_base(cache, sft, grounding, policy_path=None):
-        """What GRPORecipe._warm_start resumes on for a run that builds nothing."""
+        """What starting_checkpoint resumes on for a run that builds nothing."""
         cfg = OmegaConf.create({"paths": {"cache_dir": str(cache)}, "policy": {"path": policy_path},
                                 "sft": {"enabled": sft}, "grounding": {"enabled": grounding}})
-        stub = types.SimpleNamespace(cfg=cfg, env_spec=env, progress=types.SimpleNamespace(say=said.append),
-                                     trainer=types.SimpleNamespace(build_threads=1))
-        return GRPORecipe._warm_start(stub, types.SimpleNamespace(cfg=cfg), ckpt, 1)
+        job = types.SimpleNamespace(cfg=cfg, env_spec=env)
+        return starting_checkpoint(job, ckpt, 1, 1, None, types.SimpleNamespace(say=said.append))
 
     assert run(tmp_path / "new_cache") is None  # no finished build anywhere: build as configured
     moved = tmp_path / "new_cache" / "sft" / "0123abcd"

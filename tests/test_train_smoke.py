@@ -136,7 +136,7 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     ("aux_loss.demo_coef=0 aux_loss.demo_max_successes=1", "which is off (aux_loss.demo_coef=0)"),
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
-    ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of visgym,"),
+    ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of shapes, visgym,"),
     ("sampling.max_rounds=2", "belong to DAPO dynamic sampling, which sampling=plain does not run"),
     # grounding.tasks, read by the grounding stage or by the warm start's grounding questions
     ("grounding.tasks=[[walls]]", "a flat list of task names, e.g. 'grounding.tasks=[walls]'"),

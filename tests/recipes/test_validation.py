@@ -67,7 +67,7 @@ def test_the_protocols_are_what_an_env_declares_by_its_methods():
 def test_the_sft_warm_start_needs_a_solver():
     (problem,) = capability_problems(_cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0"), BareEnv())
     assert "SupportsDemonstrations" in problem and "set sft.enabled=false" in problem
-    assert "(BareEnv)" in problem  # the env is named
+    assert "env BareEnv " in problem  # the env is named
     assert capability_problems(_cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0"),
                                WithDemonstrations()) == []
 

@@ -173,7 +173,7 @@ def test_answers_the_rollouts_would_cut_are_refused_before_any_build_of_the_chai
     # the outermost job's own answers: refused by setup before the grounding stage and the warm start
     cfg = _cfg(tmp_path, "env=visgym_small", "env.parser=plan_walls", "grounding.enabled=true", "logger=console")
     with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=24 cuts answers: the solver's answer to evaluation "
-                                          r"task \d+ is \d+ tokens in env.parser=plan_walls's format"):
+                                          r"task \d+ is \d+ tokens in the env's answer format"):
         GRPORecipe(cfg, LocalExecutor()).setup()
     assert not (tmp_path / "cache" / "sft").exists() and not (tmp_path / "cache" / "grounding").exists()
     # with room for them, the same check passes
