@@ -59,6 +59,7 @@ from rlkit.config import (
 )
 from rlkit.errors import ConfigError
 from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
+from rlkit.recipes.common import sweep_group
 
 #: The SkyRL release whose config schema this module targets.
 SKYRL_VERSION = "0.3.0"
@@ -629,19 +630,6 @@ def job_overrides(cfg: DictConfig | None = None) -> list[str]:
             overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
     skip = ("backend.dry_run", "+backend.dry_run", "backend.run_name", "backend.run_dir")
     return [o for o in overrides if o.split("=", 1)[0] not in skip]
-
-
-def sweep_group() -> str | None:
-    """``sweep-<folder>`` in a Hydra multirun (as the native backend names W&B groups), else None."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
-    except ValueError:
-        return None
-    if str(hc.mode) == "RunMode.MULTIRUN":
-        return "sweep-" + str(hc.sweep.dir).rstrip("/").rsplit("/", 1)[-1]
-    return None
 
 
 def _slug(text: str) -> str:
