@@ -51,7 +51,7 @@ def test_hyperpod_scenario_compiles_and_skyrl_validates_it():
     assert lora["lora_sync_path"].startswith("/shared/")
     assert lora["target_modules"] == "all-linear" and lora["exclude_modules"] == VISION_EXCLUDE_REGEX
     assert d["generator"]["n_samples_per_prompt"] == 8
-    assert d["generator"]["max_turns"] == 15
+    assert d["generator"]["max_turns"] == 18
     assert d["generator"]["vision_language_generator"] is True
     assert d["trainer"]["resume_mode"] == "latest"
     assert d["trainer"]["placement"]["colocate_all"] is True
@@ -68,7 +68,26 @@ def test_hyperpod_scenario_compiles_and_skyrl_validates_it():
     assert d["environment"]["env_class"] == REWARDED_ENV_ID
     assert d["generator"]["eval_sampling_params"]["temperature"] == 0.0
     assert d["trainer"]["policy"]["model"]["path"].startswith("/shared/")  # the VisGym SFT checkpoint
-    assert cfg.sft.enabled is False and cfg.env.max_turns == 15 and cfg.paths.shared == "/shared"
+    assert cfg.sft.enabled is False and cfg.env.max_turns == 18 and cfg.paths.shared == "/shared"
+
+
+def test_scenario_has_the_clusters_shape_and_a_budget_that_admits_every_eval_maze():
+    """Issue 63 item 8: the experiment asked for 3 x 8 GPUs while the manifests render 3 x 2 (ml.g7e.12xlarge),
+    and its 15 turns admitted at most 50 of the 64 eval mazes."""
+    from envs.visgym.maze import VARIANT_SIZES, generate_maze, solve_moves
+    from envs.visgym.spec import EVAL_SETS
+    from launchers.manifests import WorkerConf
+
+    cfg, job = _job()
+    worker = WorkerConf()
+    assert (cfg.backend.num_nodes, cfg.backend.gpus_per_node) == (worker.replicas, worker.gpus)
+    placement = job.config["trainer"]["placement"]
+    assert (placement["policy_num_nodes"], placement["policy_num_gpus_per_node"]) == (worker.replicas, worker.gpus)
+    assert (cfg.tasks_per_step * cfg.group_size) % (worker.replicas * worker.gpus) == 0
+    eval_set = EVAL_SETS["visgym_easy_64"]
+    assert cfg.env.variant == eval_set.variant == "easy"
+    turns = [len(solve_moves(*generate_maze(s, VARIANT_SIZES["easy"]))) + 1 for s in eval_set.seeds]
+    assert max(turns) <= cfg.env.max_turns == job.config["generator"]["max_turns"]
 
 
 def test_skyrl_rejects_unknown_keys():
@@ -99,7 +118,7 @@ def test_datasets_are_skyrl_prompt_rows(tmp_path):
         assert row["env_class"] == REWARDED_ENV_ID
         assert row["prompt"][0]["role"] == "user" and isinstance(row["prompt"][0]["content"], str)
         task = json.loads(row["rlkit_task"])
-        assert task["env"]["max_turns"] == 15 and task["env"]["mode"] == "interactive"
+        assert task["env"]["max_turns"] == 18 and task["env"]["mode"] == "interactive"
         assert task["reward"]["_target_"] == "rewards.MazeExit"
     assert evals[0]["data_source"] == "visgym_easy_64" and train[0]["data_source"] == "visgym_easy_64_train"
     train_path, eval_path = write_datasets(job)
