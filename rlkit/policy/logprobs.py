@@ -273,8 +273,11 @@ def compute_logprobs(
     targets = batch.input_ids[:, 1:]  # [N, T-1]
     valid = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
     lp_rows, ent_rows = [], []
-    for i in range(n):  # row by row: bounds the float32 [T, V] temporaries to one sequence
-        lp, ent = _token_logprobs(logits[i, :-1], targets[i], banned, temperature, with_entropy)  # [T-1]
+    # row by row: bounds the float32 [T, V] temporaries to one sequence. unbind, not logits[i]: indexing's
+    # backward zero-fills a whole [N, T, V] buffer per row (N^2 work; 20% of a float32 warm-start step at N=32),
+    # unbind's stacks the rows' gradients once. The gradients are the same numbers.
+    for i, row in enumerate(logits[:, :-1].unbind(0)):
+        lp, ent = _token_logprobs(row, targets[i], banned, temperature, with_entropy)  # [T-1]
         lp_rows.append(F.pad(torch.where(valid[i], lp, torch.zeros_like(lp)), (1, 0)))
         if with_entropy:
             ent_rows.append(F.pad(torch.where(valid[i], ent, torch.zeros_like(ent)), (1, 0)))
@@ -633,6 +636,8 @@ def compute_logprobs_shared_prefix(
     suf = model(input_ids=suf_ids, attention_mask=suf_mask, position_ids=suf_pos, past_key_values=cache,
                 pixel_values=pv, image_grid_thw=thw, use_cache=True)
     suf_logits = suf.logits  # [n, S_max, V]
+    # rows by unbind, not by indexing: see compute_logprobs (one gradient buffer, not one per row)
+    pre_rows, suf_rows = pre_logits.unbind(0), suf_logits.unbind(0)
 
     # 4. logprobs: prefix positions 0..P-2 predict the shared tokens 1..P-1 (once per cluster; the root's
     # 0..R-2 once for all); position P-1 predicts each row's first suffix token; suffix positions the rest
@@ -643,7 +648,8 @@ def compute_logprobs_shared_prefix(
     for ci, c in enumerate(clusters):
         rep, p = c.rows[0], c.prefix_len
         # the cluster's prefix logits at positions R-1..P-1: the root's last, then its own forward's
-        own = pre_logits[ci, : p - r_len] if not r_len else torch.cat([root_logits[r_len - 1 :], pre_logits[ci, : p - r_len]])
+        own = pre_rows[ci][: p - r_len]
+        own = own if not r_len else torch.cat([root_logits[r_len - 1 :], own])
         logp_last = tempered_log_probs(own[-1], banned, temperature)  # [V]
         lp_pre, ent_pre = _token_logprobs(own[:-1], batch.input_ids[rep, max(r_len, 1) : p], banned, temperature,
                                           with_entropy)  # [P-1-max(R-1, 0)]
@@ -656,7 +662,7 @@ def compute_logprobs_shared_prefix(
             length = batch.lengths[r]
             first_t = batch.input_ids[r, p : p + 1]  # [1]
             lp_first = torch.where(banned[first_t], torch.zeros(1, device=device), logp_last[first_t])  # [1]
-            lp_suf, ent_suf = _token_logprobs(suf_logits[j, : length - p - 1], batch.input_ids[r, p + 1 : length],
+            lp_suf, ent_suf = _token_logprobs(suf_rows[j][: length - p - 1], batch.input_ids[r, p + 1 : length],
                                               banned, temperature, with_entropy)  # [L - P - 1]
             lp_rows[r] = F.pad(torch.cat([lp_pre, lp_first, lp_suf]), (1, t - length))
             if with_entropy:
