@@ -84,9 +84,11 @@ def check_adapter_for_vllm(path) -> None:
     if conv:
         raise ValueError(
             f"adapter {path} has LoRA on {conv}: vLLM does not apply LoRA to the Conv3d patch embedding and "
-            "silently samples without it. Train with a target list that leaves it out (policy.lora.target_modules "
-            "without 'proj', e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv, "
-            "linear_fc1, linear_fc2]) or serve with rlkit's engine (scripts/serve.py without --engine vllm)")
+            "silently samples without it. Train the adapter without it: policy.lora.include_vision=false "
+            "(language model only), or policy.lora.target_modules without 'proj' (which also matches "
+            "visual.patch_embed.proj), e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
+            "linear_fc1,linear_fc2] to keep the vision tower's other linears; or serve this adapter with rlkit's "
+            "engine (scripts/serve.py without --engine vllm)")
 
 
 def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: int) -> None:
