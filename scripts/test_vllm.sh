@@ -21,6 +21,6 @@ export WANDB_MODE=offline WANDB_SILENT=true OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREA
 if [ "$#" = 0 ]; then
   set -- tests/vllm tests/policy/test_vision_cache.py -m "vllm or not (slow or gpu or skyrl312)"
 else
-  set -- tests/vllm "$@"                 # e.g. bash scripts/test_vllm.sh -k parity
+  set -- tests/vllm -m vllm "$@"         # e.g. bash scripts/test_vllm.sh -k hot_swap
 fi
 exec .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -s "$@"
