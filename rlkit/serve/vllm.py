@@ -91,6 +91,33 @@ def check_adapter_for_vllm(path) -> None:
             "engine (scripts/serve.py without --engine vllm)")
 
 
+#: Qwen3-VL's Conv3d patch embedding, as peft names it (a target matches it when it is the whole name or a
+#: dotted suffix of it, e.g. ``proj``).
+PATCH_EMBED_MODULE = "model.visual.patch_embed.proj"
+#: Leaf names of Qwen3-VL's vision-side linears (tower blocks: attn.qkv, attn.proj, mlp.linear_fc1/2; merger and
+#: deepstack mergers: linear_fc1/2). The language model's are q/k/v/o_proj and gate/up/down_proj.
+VISION_LINEAR_LEAVES = ("qkv", "proj", "linear_fc1", "linear_fc2")
+
+
+def patch_embed_targets(target_modules) -> list[str]:
+    """The entries of a LoRA target list that peft would match to the Conv3d patch embedding (a whole name or
+    a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target
+    (``all-linear``: peft's and rlkit's pick linears only)."""
+    if isinstance(target_modules, str):
+        return []
+    return [str(t) for t in target_modules
+            if PATCH_EMBED_MODULE == str(t) or PATCH_EMBED_MODULE.endswith("." + str(t)) or "patch_embed" in str(t)]
+
+
+def targets_reach_vision(target_modules, include_vision: bool) -> bool:
+    """Whether LoRA with these targets adapts Qwen3-VL's vision side (then vLLM needs
+    ``enable_tower_connector_lora``): ``all-linear`` with ``include_vision``, or a list naming a vision-side
+    linear (VISION_LINEAR_LEAVES) or anything under ``visual``."""
+    if isinstance(target_modules, str):
+        return bool(include_vision) and target_modules == "all-linear"
+    return any(str(t).rsplit(".", 1)[-1] in VISION_LINEAR_LEAVES or "visual" in str(t) for t in target_modules)
+
+
 def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: int) -> None:
     """Refuse token ids whose images are already expanded before they go to vLLM.
 
