@@ -4,6 +4,7 @@
     python scripts/serve.py --adapter good=outputs/.../checkpoints/latest --adapter early=outputs/.../checkpoints/step_000010
     python scripts/serve.py policy=qwen3_vl_8b --adapter maze=/shared/run/adapter --api-key-env RLKIT_API_KEY
     python scripts/serve.py --adapter outputs/... --print-vllm                # the vllm serve equivalent; starts nothing
+    python scripts/serve.py --adapter outputs/2026-05-01/14-03-22 --engine vllm   # the real vLLM server (CPU build, .venv-vllm)
 
 The base model is the one the adapters recorded (adapter_config.json), else ``--base`` (a checkpoint
 directory or hub id), else the composed policy config (``policy=tiny_vl`` builds the tiny model).
@@ -12,7 +13,12 @@ Positional arguments are Hydra overrides of conf/train.yaml, as for train.py (``
 first. Binds 127.0.0.1 unless --host says otherwise. Routes, limits and errors: rlkit/serve/app.py
 and docs/serving.md.
 
-Exit status 2 with the message on stderr when the adapters, base or config are unusable.
+``--engine vllm`` serves with vLLM's OpenAI server instead (rlkit/serve/vllm_server.py): started from
+``.venv-vllm`` with the flags rlkit.serve.vllm.vllm_command builds, after refusing an adapter vLLM would
+load only in part, and probed against rlkit's engine before it is announced ready.
+
+Exit status 2 with the message on stderr when the adapters, base or config are unusable; 1 when vLLM
+fails to start or its probe answers differ from rlkit's.
 """
 
 from __future__ import annotations
@@ -59,7 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads of the model worker (default: all cores)")
     p.add_argument("--no-reuse-sampled-ids", action="store_true",
                    help="always re-tokenize assistant messages (as vLLM does) instead of reusing the sampled ids")
-    p.add_argument("--print-vllm", action="store_true", help="print the equivalent vllm serve command and exit")
+    p.add_argument("--print-vllm", action="store_true",
+                   help="print the equivalent vllm serve command (with --engine vllm: the command it would run) and exit")
+    p.add_argument("--engine", choices=["rlkit", "vllm"], default="rlkit",
+                   help="rlkit: rlkit's server in this process; vllm: vLLM's OpenAI server (CPU build, .venv-vllm)")
+    p.add_argument("--vllm-python", default=None, help="--engine vllm: vLLM's interpreter (default: .venv-vllm/bin/python)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="--engine vllm: skip the check that vLLM answers a probe prompt as rlkit's engine does")
+    p.add_argument("--start-timeout", type=float, default=600.0, help="--engine vllm: seconds to wait for vLLM to start")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -88,14 +101,24 @@ def main(argv: list[str] | None = None) -> int:
             api_key = os.environ.get(args.api_key_env)
             if not api_key:
                 raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is unset or empty")
+        if args.engine == "vllm":
+            _check_vllm_args(args)
         if args.print_vllm:
             print(_vllm(args, adapters, policy_cfg, limits))
             return 0
+        if args.engine == "vllm":
+            launch = _vllm_launch(args, adapters, policy_cfg, limits, api_key)
         host = load_host(policy_cfg, adapters, base=args.base, base_name=args.base_name,
                          max_model_len=args.max_model_len, allow_base_mismatch=args.allow_base_mismatch)
     except (AdapterError, ConfigComposeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.engine == "vllm":
+        from rlkit.serve import vllm_server
+
+        print("[rlkit] starting vLLM: " + " ".join(launch.argv), flush=True)
+        expected = None if args.no_probe else (lambda: _probe_expected(args, adapters, policy_cfg, cfg, launch))
+        return vllm_server.run(launch, expected, args.start_timeout, api_key)
 
     import uvicorn
 
@@ -109,14 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _vllm(args, adapters, policy_cfg, limits) -> str:
-    """The vllm serve command (rlkit.serve.vllm) for these arguments, with notes as shell comments."""
+#: rlkit's server limits that vLLM does not take (it has its own): refused with --engine vllm unless default.
+_RLKIT_ONLY = ("max_body_bytes", "max_image_bytes", "max_image_pixels", "max_tokens", "default_max_tokens", "max_n",
+               "max_queue", "no_reuse_sampled_ids")
+
+
+def _check_vllm_args(args) -> None:
+    """Refuse rlkit-server-only options with --engine vllm (they would be ignored)."""
+    defaults = build_parser().parse_args([])
+    set_ = [f"--{k.replace('_', '-')}" for k in _RLKIT_ONLY if getattr(args, k) != getattr(defaults, k)]
+    if set_:
+        raise ValueError(f"{', '.join(set_)}: rlkit's server limits, which vLLM does not take (it has its own "
+                         "options); leave them out with --engine vllm, or serve with rlkit's engine")
+
+
+def _vllm_plan(args, adapters, policy_cfg, limits, must_exist: bool) -> tuple[str, int, str, list[str]]:
+    """(base, max_model_len, dtype, notes) of the vLLM server for these arguments."""
     import json
 
     from rlkit.serve.models import resolve_base
-    from rlkit.serve.vllm import format_command, vllm_command
 
-    base = resolve_base(args.base, adapters, allow_mismatch=args.allow_base_mismatch, must_exist=False) \
+    base = resolve_base(args.base, adapters, allow_mismatch=args.allow_base_mismatch, must_exist=must_exist) \
         or policy_cfg.get("path")
     notes = []
     if base is None:
@@ -126,7 +162,8 @@ def _vllm(args, adapters, policy_cfg, limits) -> str:
         tiny["deepstack_indexes"] = list(tiny.get("deepstack_indexes", [0]))
         base = str(tiny_checkpoint(TinyVLSizes(**tiny), seed=policy_cfg.get("seed", 0),
                                    cache_dir=policy_cfg.get("cache_dir")))
-        notes.append("the tiny policy is a CPU test model; vLLM is meant for Qwen3-VL checkpoints on GPUs")
+        if args.engine != "vllm":
+            notes.append("the tiny policy is a CPU test model; vLLM is meant for Qwen3-VL checkpoints on GPUs")
     model_len = limits.max_model_len
     if model_len is None:
         model_len = 32768
@@ -141,10 +178,58 @@ def _vllm(args, adapters, policy_cfg, limits) -> str:
         notes.append("policy.image_min_pixels/image_max_pixels are not passed on: vLLM uses the checkpoint's "
                      "preprocessor_config.json bounds")
     dtype = policy_cfg.get("dtype", "auto")
+    if args.engine == "vllm":  # vLLM's CPU build: the dtype rlkit's policy takes on this CPU
+        from rlkit.hardware import resolve_dtype_here
+
+        dtype = resolve_dtype_here(dtype, "cpu")[0]
+    elif dtype == "auto":
+        dtype = "bfloat16"
+    return str(base), model_len, dtype, notes
+
+
+def _vllm(args, adapters, policy_cfg, limits) -> str:
+    """The vllm serve command (rlkit.serve.vllm) for these arguments, with notes as shell comments."""
+    from rlkit.serve.vllm import API_SERVER_MODULE, format_command, vllm_command
+
+    base, model_len, dtype, notes = _vllm_plan(args, adapters, policy_cfg, limits, must_exist=False)
+    executable = None
+    if args.engine == "vllm":
+        from rlkit.serve.vllm_server import vllm_python
+
+        executable = [str(vllm_python(args.vllm_python)), "-m", API_SERVER_MODULE]
     argv = vllm_command(base, args.base_name, adapters, model_len, limits.max_images, host=args.host,
-                        port=args.port, dtype="bfloat16" if dtype == "auto" else dtype, api_key_env=args.api_key_env)
+                        port=args.port, dtype=dtype, api_key_env=args.api_key_env, executable=executable)
     head = [f"# {n}" for n in notes]
     return "\n".join([*head, format_command(argv)])
+
+
+def _vllm_launch(args, adapters, policy_cfg, limits, api_key):
+    """The vLLM server to start (rlkit.serve.vllm_server.VllmLaunch); raises ValueError / AdapterError."""
+    from rlkit.serve.vllm import API_SERVER_MODULE, vllm_command
+    from rlkit.serve.vllm_server import VllmLaunch, child_env, vllm_python
+
+    python = vllm_python(args.vllm_python)
+    base, model_len, dtype, notes = _vllm_plan(args, adapters, policy_cfg, limits, must_exist=True)
+    argv = vllm_command(base, args.base_name, adapters, model_len, limits.max_images, host=args.host,
+                        port=args.port, dtype=dtype, executable=[str(python), "-m", API_SERVER_MODULE])
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    for n in notes:
+        print(f"[rlkit] {n}")
+    return VllmLaunch(argv=argv, env=child_env(args.threads or os.cpu_count() or 1, api_key),
+                      url=f"http://{host}:{args.port}", dtype=dtype,
+                      probe_names=[args.base_name, *(a.name for a in adapters)])
+
+
+def _probe_expected(args, adapters, policy_cfg, cfg, launch):
+    """rlkit's answers to the probe (rlkit.serve.vllm_server.trainer_answers) plus the probe's max_tokens."""
+    from rlkit.serve.config import instantiate_env
+    from rlkit.serve.vllm_server import trainer_answers
+
+    max_tokens = int(cfg.rollout.max_new_tokens)
+    base = launch.argv[launch.argv.index("--model") + 1]
+    answers, messages, allowed = trainer_answers(policy_cfg, adapters, base, args.base_name, launch.probe_names,
+                                                 instantiate_env(cfg), max_tokens, args.allow_base_mismatch)
+    return answers, messages, allowed, max_tokens
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # (tests/vllm; issue 63). Builds .venv-vllm with scripts/setup_vllm.sh when missing; where it cannot be
 # built here (exit 3: no Python 3.11 / no CPU torch wheel / not x86_64) it says so and exits 0.
 #
-#   bash scripts/test_vllm.sh            # what CI runs: -m vllm
+#   bash scripts/test_vllm.sh            # what CI runs: tests/vllm (-m vllm), and the vision-cache tests under
+#                                        # transformers 5.19 (rlkit's engine runs there too: tests/vllm uses it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv-vllm/bin/python ] || ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
@@ -18,6 +19,8 @@ fi
 export WANDB_MODE=offline WANDB_SILENT=true OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
        VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 if [ "$#" = 0 ]; then
-  set -- -m vllm
+  set -- tests/vllm tests/policy/test_vision_cache.py -m "vllm or not (slow or gpu or skyrl312)"
+else
+  set -- tests/vllm -m vllm "$@"         # e.g. bash scripts/test_vllm.sh -k hot_swap
 fi
-exec .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -s tests/vllm "$@"
+exec .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -s "$@"

@@ -47,6 +47,7 @@ class VisionFeatureCache:
         self._entries: OrderedDict[tuple, list] = OrderedDict()  # key -> [(pixels, features), ...]
         self._bytes = 0
         self._signature: tuple | None = None
+        self._deep_per_image = False  # the wrapped method's deepstack layout (see get_image_features)
         self._orig = inner.get_image_features
         inner.get_image_features = self.get_image_features
 
@@ -96,8 +97,10 @@ class VisionFeatureCache:
 
         pixel_values [sum P_i, D]; image_grid_thw [n, 3]. Returns what the wrapped method returns
         (``BaseModelOutputWithDeepstackFeatures``: ``pooler_output`` a tuple of per-image features
-        [P_i / merge^2, H], ``deepstack_features`` a list of [sum P_i / merge^2, H]); ``last_hidden_state``
-        is None when any image came from the cache (the forward does not read it).
+        [P_i / merge^2, H], ``deepstack_features`` one entry per deepstack layer: [sum P_i / merge^2, H] in
+        transformers 5.8, a tuple of per-image [P_i / merge^2, H] in 5.19 (vLLM's .venv-vllm); the kept
+        outputs follow the layout the wrapped method gave); ``last_hidden_state`` is None when any image came
+        from the cache (the forward does not read it).
         """
         sig = self._weights_signature() if self.enabled else None
         if sig is None or image_grid_thw is None or kwargs.get("return_dict") is False:
@@ -132,7 +135,10 @@ class VisionFeatureCache:
                 found[i] = fresh[rep[i]]
         merged = [f[0] for f in found]  # per image [P_i / merge^2, H]
         n_deep = len(found[0]) - 1
-        deep = [torch.cat([f[1 + d] for f in found], 0) for d in range(n_deep)]
+        if self._deep_per_image:
+            deep = [tuple(f[1 + d] for f in found) for d in range(n_deep)]
+        else:
+            deep = [torch.cat([f[1 + d] for f in found], 0) for d in range(n_deep)]
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
         return BaseModelOutputWithDeepstackFeatures(last_hidden_state=None, pooler_output=tuple(merged),
@@ -142,7 +148,9 @@ class VisionFeatureCache:
         """Split a fresh output over its images ``idx`` (in order), keep them, return each image's features."""
         merge = int(self.visual.spatial_merge_size) ** 2
         counts = [int(grids[i].prod()) // merge for i in idx]
-        deep = [torch.split(d, counts, 0) for d in (out.deepstack_features or [])]
+        layers = list(out.deepstack_features or [])
+        self._deep_per_image = any(isinstance(d, (tuple, list)) for d in layers)
+        deep = [tuple(d) if isinstance(d, (tuple, list)) else torch.split(d, counts, 0) for d in layers]
         feats = [(out.pooler_output[j], *(d[j] for d in deep)) for j in range(len(idx))]
         for i, f in zip(idx, feats):
             if not any(t.requires_grad for t in f):

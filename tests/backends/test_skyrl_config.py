@@ -218,6 +218,25 @@ def test_intervals_and_lora_lists():
     assert t["policy"]["model"]["lora"]["exclude_modules"] is None
 
 
+def test_vision_lora_turns_on_vllms_tower_lora_and_a_patch_embedding_target_is_refused():
+    """Issue 63: vLLM applies LoRA to the vision tower and merger only with enable_tower_connector_lora (else it
+    drops them silently) and never to the Conv3d patch embedding, which a bare 'proj' target also matches."""
+    def engine_kwargs(overrides):
+        return _job(overrides)[1].config["generator"]["inference_engine"]["engine_init_kwargs"]
+
+    assert "enable_tower_connector_lora" not in engine_kwargs([])  # the scenario: language model only
+    assert engine_kwargs(["policy.lora.include_vision=true"])["enable_tower_connector_lora"] is True
+    assert engine_kwargs(["policy.lora.target_modules=[q_proj,v_proj,qkv,linear_fc1]"])[
+        "enable_tower_connector_lora"] is True
+    assert "enable_tower_connector_lora" not in engine_kwargs(["policy.lora.target_modules=[q_proj,v_proj]"])
+    for targets in ("[q_proj,v_proj,proj]", "[q_proj,patch_embed.proj]"):
+        with pytest.raises(SkyRLConfigError) as e:
+            _job([f"policy.lora.target_modules={targets}"])
+        assert "visual.patch_embed.proj" in str(e.value) and "policy.lora.include_vision" in str(e.value)
+    with pytest.raises(SkyRLConfigError, match="enable_tower_connector_lora=false"):
+        _job(["policy.lora.include_vision=true", "+backend.engine_init_kwargs.enable_tower_connector_lora=false"])
+
+
 def test_plan_mode_is_single_turn():
     _, job = _job(["env=visgym", "env.max_turns=18"])
     g = job.config["generator"]
@@ -336,6 +355,15 @@ def test_lora_targets_adapt_what_rlkit_adapts(tmp_path):
     theirs = adapted(AutoModelForImageTextToText.from_pretrained(ckpt), target_modules=targets,
                      exclude_modules=exclude)
     assert ours == theirs and ours and all(".language_model." in f".{n}" for n in ours)
+    # with the vision side: peft's all-linear (what SkyRL passes) adapts the tower's linears, never the Conv3d
+    # patch embedding vLLM cannot apply; a bare 'proj' in a list does reach it (so the compiler refuses it)
+    from rlkit.serve.vllm import PATCH_EMBED_MODULE
+
+    targets, exclude = _lora_targets("all-linear", include_vision=True)
+    vis = adapted(AutoModelForImageTextToText.from_pretrained(ckpt), target_modules=targets, exclude_modules=exclude)
+    assert any(".visual.blocks." in f".{n}" for n in vis) and PATCH_EMBED_MODULE not in vis
+    listed = adapted(AutoModelForImageTextToText.from_pretrained(ckpt), target_modules=["q_proj", "proj"])
+    assert PATCH_EMBED_MODULE in listed
 
 
 def test_train_py_dry_run_end_to_end(tmp_path):

@@ -52,3 +52,65 @@ def test_expanded_image_pads_refused():
     check_prompt_ids([1, 2, 3], pad, 0)
     with pytest.raises(ValueError, match="49 <\\|image_pad\\|> ids for 1 image"):
         check_prompt_ids([1] + [pad] * 49 + [3], pad, 1)
+
+
+def _serve_script():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("rlkit_script_serve_vllm", root / "scripts" / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_serve_engine_vllm_command_and_refusals(tmp_path, capsys):
+    """--engine vllm launches the CPU build's server module with the tower flag for vision LoRA, in the dtype
+    rlkit's policy takes on this CPU; it refuses a patch-embedding adapter (naming the fix), rlkit-only limits,
+    and a missing .venv-vllm, all before anything starts (exit 2)."""
+    import sys
+
+    from rlkit.hardware import resolve_dtype_here
+
+    serve = _serve_script()
+    vis = _adapter(tmp_path, "v", [LM, VIS])
+    conv = _adapter(tmp_path, "c", [LM, VIS, CONV])
+    py = ["--vllm-python", sys.executable]
+    assert serve.main(["--adapter", f"v={vis.path}", "--engine", "vllm", *py, "--print-vllm", "--port", "8011"]) == 0
+    argv = " ".join(ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")).replace("\\", " ")
+    assert f"{sys.executable} -m vllm.entrypoints.openai.api_server --model base " in " ".join(argv.split())
+    for flag in ("--enable-tower-connector-lora", "--logprobs-mode processed_logprobs", "--port 8011",
+                 f"--dtype {resolve_dtype_here('auto', 'cpu')[0]}", "--lora-modules v="):
+        assert flag in " ".join(argv.split()), flag
+
+    base = tmp_path / "base_ckpt"
+    base.mkdir()
+    rc = serve.main(["--adapter", str(conv.path), "--engine", "vllm", *py, "--base", str(base), "--allow-base-mismatch"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "patch_embed" in err and "policy.lora.include_vision=false" in err
+    assert serve.main(["--adapter", str(vis.path), "--engine", "vllm", *py, "--max-n", "2"]) == 2
+    assert "--max-n" in capsys.readouterr().err
+    assert serve.main(["--adapter", str(vis.path), "--engine", "vllm", "--vllm-python", str(tmp_path / "nope"),
+                       "--base", str(base), "--allow-base-mismatch"]) == 2
+    assert "bash scripts/setup_vllm.sh" in capsys.readouterr().err
+
+
+def test_probe_comparison_names_what_differs():
+    from rlkit.serve.vllm_probe import (
+        ProbeAnswer,
+        ProbeMismatch,
+        compare_probe,
+        logprob_atol_for,
+    )
+
+    ref = ProbeAnswer(prompt_ids=[1, 2, 3], token_ids=[5, 6, 7], logprobs=[-0.5, -1.0, -2.0])
+    same = ProbeAnswer(prompt_ids=[1, 2, 3], token_ids=[5, 6, 7], logprobs=[-0.5, -1.0 + 2e-5, -2.0])
+    assert compare_probe("m", ref, same, logprob_atol_for("float32")) == pytest.approx(2e-5)
+    with pytest.raises(ProbeMismatch, match="prompt has 4 token ids.*position 2"):
+        compare_probe("m", ref, ProbeAnswer([1, 2, 9, 9], [5, 6, 7], None), None)
+    with pytest.raises(ProbeMismatch, match="greedy tokens differ from rlkit's at position 1"):
+        compare_probe("m", ref, ProbeAnswer([1, 2, 3], [5, 8, 7], None), None)
+    moved = ProbeAnswer([1, 2, 3], [5, 6, 7], [-0.5, -1.0, -2.04])
+    with pytest.raises(ProbeMismatch, match="logprobs differ by up to 0.04"):
+        compare_probe("m", ref, moved, logprob_atol_for("float32"))
+    assert logprob_atol_for("bfloat16") is None and compare_probe("m", ref, moved, None) == 0.0

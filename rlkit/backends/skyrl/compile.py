@@ -170,6 +170,10 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     env_spec, task = _env_and_reward(cfg)
     policy = _policy(cfg, problems)
     project, run_name, logger_name, skyrl_logger, env_vars = _logger(cfg, settings, problems)
+    if policy["vision_lora"] and settings.engine_init_kwargs.get("enable_tower_connector_lora", True) is not True:
+        problems.append("backend.engine_init_kwargs.enable_tower_connector_lora=false with LoRA on the vision side "
+                        "(policy.lora): vLLM would sample without those modules, silently; remove the override, or "
+                        "set policy.lora.include_vision=false")
 
     shared = str(cfg.paths.shared).rstrip("/")
     run_dir = settings.run_dir or f"{shared}/skyrl/{_slug(project)}/{run_name}"
@@ -239,7 +243,10 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
     stop = stop_strings(rollout, env_spec)
     multi_turn = max_turns > 1
     max_input = settings.max_input_length if multi_turn else settings.max_prompt_length
-    engine_kwargs = {"max_model_len": max_input + rollout.max_new_tokens, **settings.engine_init_kwargs}
+    # vLLM applies LoRA to the vision tower and merger only with enable_tower_connector_lora, and otherwise
+    # drops those modules without an error (issue 63; rlkit.serve.vllm)
+    tower = {"enable_tower_connector_lora": True} if policy["vision_lora"] else {}
+    engine_kwargs = {"max_model_len": max_input + rollout.max_new_tokens, **tower, **settings.engine_init_kwargs}
     lora = policy["lora"]
 
     def interval(n: int) -> int:
@@ -547,7 +554,19 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
             "characters; use all-linear or a list of module names"
         )
     targets, exclude = _lora_targets(lo.target_modules, lo.include_vision)
+    from rlkit.serve.vllm import patch_embed_targets, targets_reach_vision
+
+    conv = patch_embed_targets(lo.target_modules) if lo.enabled else []
+    if conv:
+        problems.append(
+            f"policy.lora.target_modules={list(lo.target_modules)}: {conv} also matches Qwen3-VL's Conv3d "
+            "visual.patch_embed.proj, and SkyRL samples with vLLM, which never applies LoRA to it (it samples "
+            "without it, silently: a train/sample mismatch). Leave it out (e.g. [q_proj,k_proj,v_proj,o_proj,"
+            "gate_proj,up_proj,down_proj,qkv,linear_fc1,linear_fc2]), or use target_modules=all-linear with "
+            "policy.lora.include_vision=false (language model) or true (peft's all-linear takes the tower's "
+            "linears, not the Conv3d)")
     return {
+        "vision_lora": bool(lo.enabled) and targets_reach_vision(lo.target_modules, lo.include_vision),
         "path": pc.path,
         "flash_attn": pc.attn_implementation == "flash_attention_2",
         "gradient_checkpointing": pc.gradient_checkpointing,
