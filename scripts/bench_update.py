@@ -5,6 +5,7 @@
                                                      # vision 128 x 2, patch 16, 49 image tokens
     python scripts/bench_update.py --reps 7 --micro-batch 16 --kl-coef 0.1
     python scripts/bench_update.py --compare dedup --distinct 3   # identical samples run once, or each of them
+    python scripts/bench_update.py --compare micro_batch --micro-batch-b 64   # 16 sequences a forward, or 64
 
 Workload: ``--groups`` maze-like prompts (system + one maze image + text, built with the policy's chat
 format), ``--group-size`` samples each; every sample is the prompt plus a random completion of
@@ -22,6 +23,10 @@ Last line: ``update: shared-prefix X s vs plain Y s (Zx)``.
 deterministic policy: the CPU default's 8 samples a group were 2-4 distinct plans); the variants are
 ``algorithm.dedup_identical_samples`` true vs false, both with the shared-prefix forward. Last line:
 ``update: dedup X s vs every sample Y s (Zx; D of N samples distinct)``.
+
+``--compare micro_batch``: the variants are ``algorithm.micro_batch_size`` = ``--micro-batch`` vs
+``--micro-batch-b``, both with the shared-prefix forward and dedup (the same gradient, summed in another order).
+Last line: ``update: micro-batch B X s vs micro-batch A Y s (Zx)``.
 """
 
 from __future__ import annotations
@@ -110,8 +115,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--cache-dir", default=None, help="tiny checkpoint cache (default: a temp dir)")
-    ap.add_argument("--compare", choices=["shared_prefix", "dedup"], default="shared_prefix",
-                    help="the two variants timed: shared-prefix vs plain forward, or identical samples run once vs each")
+    ap.add_argument("--compare", choices=["shared_prefix", "dedup", "micro_batch"], default="shared_prefix",
+                    help="the two variants timed: shared-prefix vs plain forward, identical samples run once vs each, "
+                         "or micro-batch --micro-batch vs --micro-batch-b")
+    ap.add_argument("--micro-batch-b", type=int, default=64, help="--compare micro_batch: the other micro-batch size")
     ap.add_argument("--distinct", type=int, default=0,
                     help="distinct completions a group (the rest repeat them); 0 = every sample distinct")
     args = ap.parse_args()
@@ -134,11 +141,12 @@ def main() -> None:
     opt = torch.optim.SGD(params, lr=0.0)
     times: dict[bool, list[float]] = {False: [], True: []}
     losses: dict[bool, list[float]] = {False: [], True: []}
-    dedup = args.compare == "dedup"
+    dedup, micro = args.compare == "dedup", args.compare == "micro_batch"
     for r in range(args.warmup + args.reps):
         for shared in ((False, True) if r % 2 == 0 else (True, False)):  # True: the faster variant under test
-            cfg = AlgorithmConfig(shared_prefix=shared or dedup, dedup_identical_samples=shared if dedup else True,
-                                  micro_batch_size=args.micro_batch,
+            cfg = AlgorithmConfig(shared_prefix=shared or dedup or micro,
+                                  dedup_identical_samples=shared if dedup else True,
+                                  micro_batch_size=args.micro_batch_b if micro and shared else args.micro_batch,
                                   loss_reduction=args.loss_reduction, kl_coef=args.kl_coef, max_grad_norm=1e9)
             t0 = time.perf_counter()
             m = grpo_update(policy, opt, trajs, adv, cfg, temperature=1.0, generator=torch.Generator().manual_seed(r))
@@ -148,7 +156,9 @@ def main() -> None:
                 losses[shared].append(m["policy/loss"])
     plain, shared = statistics.median(times[False]), statistics.median(times[True])
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
-    fast, slow = ("dedup", "every sample") if dedup else ("shared-prefix", "plain")
+    fast, slow = (("dedup", "every sample") if dedup else
+                  (f"micro-batch {args.micro_batch_b}", f"micro-batch {args.micro_batch}") if micro else
+                  ("shared-prefix", "plain"))
     print(f"rounds: {slow} {', '.join(f'{t:.2f}' for t in times[False])} s; "
           f"{fast} {', '.join(f'{t:.2f}' for t in times[True])} s; max |loss difference| {diff:.2e}")
     tail = ""
@@ -158,7 +168,7 @@ def main() -> None:
         tail = f"; {len(identical_samples(trajs, list(range(len(trajs))), adv))} of {len(trajs)} samples distinct"
         print(f"update: dedup {shared:.2f} s vs every sample {plain:.2f} s ({plain / shared:.1f}x{tail})")
     else:
-        print(f"update: shared-prefix {shared:.2f} s vs plain {plain:.2f} s ({plain / shared:.1f}x)")
+        print(f"update: {fast} {shared:.2f} s vs {slow} {plain:.2f} s ({plain / shared:.2f}x)")
 
 
 if __name__ == "__main__":
