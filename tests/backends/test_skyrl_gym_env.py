@@ -122,9 +122,9 @@ def test_broken_outputs_get_zero_and_end_at_the_turn_budget():
     register()
     job, _, evals = _rows([])
     total, steps, metrics, conversation = agent_loop(evals[0], job.max_turns, _broken)
-    assert total == 0.0 and len(steps) == job.max_turns == 15
-    assert metrics["success"] == 0.0 and metrics["reward"] == 0.0 and metrics["parse_failures"] == 15
-    assert sum(m["role"] == "assistant" for m in conversation) == 15
+    assert total == 0.0 and len(steps) == job.max_turns == 18
+    assert metrics["success"] == 0.0 and metrics["reward"] == 0.0 and metrics["parse_failures"] == 18
+    assert sum(m["role"] == "assistant" for m in conversation) == 18
 
 
 def test_stopping_off_the_goal_gets_zero():
@@ -170,8 +170,9 @@ def test_single_turn_plan_mode():
 def test_generator_turn_budget_must_match_the_env():
     register()
     job, _, evals = _rows([])
+    assert job.max_turns == 18
     with pytest.raises(ValueError, match="max_turns"):
-        agent_loop(evals[0], 18, _broken)
+        agent_loop(evals[0], 15, _broken)
 
 
 def test_row_without_task_spec_is_a_clear_error():

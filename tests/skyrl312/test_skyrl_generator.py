@@ -90,11 +90,11 @@ def _runs(mask):
 
 
 def test_multi_turn_group_with_images(skyrl_case, processor, vllm_mm_serde):
-    """Interactive mazes (15 turns), G=3: a solver, a broken policy and an early stop for each of 2 tasks."""
+    """Interactive mazes (18 turns), G=3: a solver, a broken policy and an early stop for each of 2 tasks."""
     case = skyrl_case(["eval.num_tasks=8"])
     job = case.job
     spec = VisGymMaze(**job.task["env"])
-    assert case.cfg.generator.vision_language_generator and case.cfg.generator.max_turns == job.max_turns == 15
+    assert case.cfg.generator.vision_language_generator and case.cfg.generator.max_turns == job.max_turns == 18
     ds, _ = _dataset(case, job.eval_data)
     tasks = _solvable(job, spec, 2)
     client = ScriptedClient(processor, _script(ds, spec, ["solve", "broken", "stop"]))
@@ -218,7 +218,7 @@ def _first_messages(ds, index):
 
     register()
     prompt, env_class, extras, _ = ds[index]
-    env = skyrl_gym.make(env_class, env_config={}, extras={**extras, "max_turns": 15})
+    env = skyrl_gym.make(env_class, env_config={}, extras={**extras, "max_turns": 18})
     messages, _ = env.init(prompt)
     return messages
 
