@@ -105,7 +105,7 @@ def test_multi_turn_group_with_images(skyrl_case, processor, vllm_mm_serde):
     for k, (uid, extras) in enumerate(zip(uids, gen_input["env_extras"])):
         kind = ["solve", "broken", "stop"][k % 3]
         seed = int(extras["seed"])
-        n_turns = {"solve": len(spec.demonstration(seed)), "broken": 15, "stop": 1}[kind]
+        n_turns = {"solve": len(spec.demonstration(seed)), "broken": job.max_turns, "stop": 1}[kind]
         mask, rewards, ids = out["loss_masks"][k], out["rewards"][k], out["response_ids"][k]
         # token-level rewards: the rlkit reward, on the last generated token of the last turn, 0 elsewhere
         assert isinstance(rewards, list) and len(rewards) == len(ids) == len(mask)
@@ -129,7 +129,7 @@ def test_multi_turn_group_with_images(skyrl_case, processor, vllm_mm_serde):
         # env metrics come back per episode, with the reward and its components
         m = out["env_metrics"][k]
         assert m["success"] == expected and m["reward"] == expected and m["turns"] == n_turns
-        assert m["parse_failures"] == (15 if kind == "broken" else 0)
+        assert m["parse_failures"] == (job.max_turns if kind == "broken" else 0)
         assert session in client.finished
     # one inference call per turn; the sampling params are the compiled rollout ones (vLLM form)
     assert len(client.calls) == sum(len(_runs(m)) for m in out["loss_masks"])
