@@ -268,7 +268,7 @@ def compute_logprobs(
         batch = sequence_batch(model, batch, padding_side="right")
     out = model(**batch.model_inputs(), use_cache=False)
     logits = out.logits  # [N, T, V]
-    n, t, v = logits.shape
+    v = logits.shape[-1]
     banned = banned_mask(banned_token_ids, v, logits.device)
     targets = batch.input_ids[:, 1:]  # [N, T-1]
     valid = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
