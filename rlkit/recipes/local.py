@@ -57,7 +57,7 @@ class LocalExecutor:
         """Build the policy (LoRA on the warm start at ``ctx.base_path``), its engine and AdamW."""
         self.ctx = ctx
         self.policy = instantiate_plugin(ctx.policy_cfg, "policy", base_path=ctx.base_path, train_mode="lora")
-        if ctx.rollout_engine == "vllm":
+        if getattr(ctx, "rollout_engine", "rlkit") == "vllm":
             from rlkit.policy.vllm_engine import VllmEngine, max_images_for
 
             if self.sync_root is None:
@@ -76,7 +76,7 @@ class LocalExecutor:
 
     @property
     def _vllm(self) -> bool:
-        return self.ctx.rollout_engine == "vllm"
+        return getattr(self.ctx, "rollout_engine", "rlkit") == "vllm"
 
     def after_setup(self, step: int) -> None:
         """rlkit's engine samples from the live weights: nothing to do. vLLM: publish the starting weights (fresh or
