@@ -131,6 +131,10 @@ class RolloutConfig:
     # new user turn (native backends; same tokens and logprobs as re-prefilling, rlkit.policy.engine;
     # under backend=skyrl vLLM caches prefixes itself). May change on resume.
     reuse_kv_cache: bool = True
+    # who samples the rollouts and greedy evaluations of the native backends: rlkit (rlkit.policy.engine, in the policy's
+    # process) | vllm (vLLM's CPU engine in a process of its own from .venv-vllm, the adapter hot-swapped in at every
+    # version; rlkit.policy.vllm_engine). backend=skyrl samples with SkyRL's own vLLM engines whatever this says.
+    engine: str = "rlkit"
 
 
 def stop_strings(rollout: Any, env_spec: Any) -> tuple[str, ...]:
@@ -395,6 +399,7 @@ RANGES: dict[str, Range] = {
     "rollout.top_k": Range(0, integer=True, also=(-1,), note="0 or -1 = off"),
     "rollout.max_new_tokens": Range(1, integer=True),
     "rollout.eval_temperature": Range(0, note="0 = greedy"),
+    "rollout.engine": Range(choices=("rlkit", "vllm"), note="rlkit = rlkit's own engine; vllm = vLLM's CPU engine from .venv-vllm"),
     "trainer.eval_interval": Range(0, integer=True, note="0 = only before and after training"),
     "trainer.ckpt_interval": Range(0, integer=True, note="0 = only the final checkpoint"),
     "trainer.export_interval": Range(0, integer=True, note="0 = only at the end"),

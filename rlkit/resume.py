@@ -37,10 +37,11 @@ from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys
 #: it), ``lr`` (the base learning rate; the schedule's factor at the resumed step is kept), loop cadence and
 #: checkpointing (``trainer``), where metrics go (``logger``), how the job runs (``backend``, ``paths``), the
 #: extra pass@k evaluation, the reward's guard (time limit, on_error) and ``rollout.reuse_kv_cache`` (how
-#: multi-turn rollouts are computed, not what they sample: exact). Each resume that changes something appends
+#: multi-turn rollouts are computed, not what they sample: exact) and ``rollout.engine`` (who samples: the same
+#: distribution, other random draws, like a change of backend). Each resume that changes something appends
 #: what changed, and from which step, to resumes.jsonl.
 RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.pass_k", "eval.seen_tasks",
-                  "reward.timeout_s", "reward.on_error", "rollout.reuse_kv_cache")
+                  "reward.timeout_s", "reward.on_error", "rollout.reuse_kv_cache", "rollout.engine")
 
 #: The git tag that holds the removed levers' code (conf/compat.yaml ``removed``).
 REMOVED_LEVERS_TAG = "levers-before-removal"

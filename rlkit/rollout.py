@@ -70,6 +70,7 @@ class _Live:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     images: list[Any] = field(default_factory=list)
+    sources: list[Any] = field(default_factory=list)  # the images as the env gave them (PromptInput.images)
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     length_cut: int = 0
@@ -110,7 +111,7 @@ def rollout(
             live.append(_Live(env=env_spec.make(), seed=seed, group=g))
 
     # Turn 0: one prompt per task, G samples each.
-    first_turns = []
+    first_turns, first_sources = [], []
     for g, seed in enumerate(seeds):
         members = live[g * group_size : (g + 1) * group_size]
         obs = members[0].env.reset(seed)
@@ -118,12 +119,15 @@ def rollout(
             m.env.reset(seed)
         tt = chat.user_turn(obs.text, obs.images, system=members[0].env.system_prompt, first=True)
         first_turns.append(tt)
+        first_sources.append(list(obs.images))
         for m in members:
             m.append(tt.input_ids, 0)
             m.images.extend(tt.image_inputs)
+            m.sources.extend(obs.images)
     reuse_kv = bool(getattr(engine, "reuse_kv", False)) and env_spec.max_turns > 1
     prompts = [
-        PromptInput(input_ids=tt.input_ids, **chat.concat_images(tt.image_inputs)) for tt in first_turns
+        PromptInput(input_ids=tt.input_ids, images=src, **chat.concat_images(tt.image_inputs))
+        for tt, src in zip(first_turns, first_sources)
     ]
     if reuse_kv:
         outs, states = engine.generate_cached(prompts, _with_n(sampling, group_size))
@@ -141,7 +145,8 @@ def rollout(
         if not active:
             break
         prompts = [
-            PromptInput(input_ids=list(live[i].ids), **chat.concat_images(live[i].images)) for i in active
+            PromptInput(input_ids=list(live[i].ids), images=list(live[i].sources), **chat.concat_images(live[i].images))
+            for i in active
         ]
         if reuse_kv:
             outs, states = engine.generate_cached(prompts, _with_n(sampling, 1), [live[i].kv for i in active])
@@ -207,6 +212,7 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         tt = chat.user_turn(out.observation.text, out.observation.images, system=None, first=False)
         ep.append(tt.input_ids, 0)
         ep.images.extend(tt.image_inputs)
+        ep.sources.extend(out.observation.images)
 
 
 def rollout_stats(trajectories: list[Trajectory]) -> dict[str, float]:

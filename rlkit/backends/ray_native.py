@@ -25,4 +25,4 @@ class RayNativeBackend:
         from rlkit.sync import run_key_for, sync_root
 
         out = Path(cfg.paths.output_dir)
-        return GRPORecipe(cfg, RayExecutor(self.settings, sync_root(cfg.paths.shared, run_key_for(out)))).run()
+        return GRPORecipe(cfg, RayExecutor(self.settings, sync_root(cfg.paths.shared, run_key_for(out)), log_dir=out)).run()

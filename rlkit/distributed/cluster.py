@@ -99,6 +99,7 @@ class RayCluster:
         self.param_specs: list[tuple[str, tuple[int, ...]]] = []
         self.strategy = "fsdp"
         self.startup_s = 0.0
+        self.engine_startup_s: float | None = None
 
     @property
     def sharded(self) -> bool:
@@ -138,6 +139,8 @@ class RayCluster:
                          s.startup_timeout_s, "trainer and rollout workers")
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
         self.strategy = str(infos[0]["strategy"])
+        starts = [i["engine_startup_s"] for i in infos if "engine_startup_s" in i]
+        self.engine_startup_s = max(starts) if starts else None  # rollout.engine=vllm: the slowest engine's start-up
         self.startup_s = time.perf_counter() - t0
         log.debug("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
                   w, len(self.rollouts), self.startup_s, [i["pid"] for i in infos], len(self.param_specs))
@@ -151,6 +154,13 @@ class RayCluster:
             return
         from ray.util.placement_group import remove_placement_group
 
+        if getattr(self.rollout_spec, "engine", "rlkit") != "rlkit" and self.rollouts:
+            # their engines' own processes (vLLM) stop with a word first; a killed actor's engine exits by itself
+            # within a second (rlkit.policy.vllm_worker watches its parent), this only spares it the wait
+            try:
+                _get_all([r.shutdown.remote() for r in self.rollouts], 60.0, what="rollout workers (shutdown)")
+            except Exception as e:  # noqa: BLE001 - a dead or hung worker is killed below anyway
+                log.debug("rollout workers' shutdown: %s", e)
         for actor in self.trainers + self.rollouts:
             try:
                 ray.kill(actor)
@@ -255,12 +265,16 @@ class RayCluster:
             offset += len(chunk)
             trajs.extend(part)
         infos = [info for _, info in results]
-        return trajs, {
+        metrics = {
             "sync/version": float(version),
             "timing/load": max(i["load"]["wait_s"] + i["load"]["load_s"] for i in infos),
             "sync/wait_s": max(i["load"]["wait_s"] for i in infos),
             "timing/sample": max(i["rollout_s"] for i in infos),
         }
+        probes = [i["probe_logprob_diff"] for i in infos if "probe_logprob_diff" in i]
+        if probes:  # the largest logprob difference of the last probe against rlkit's engine (rlkit.policy.vllm_engine)
+            metrics["sync/probe_logprob_diff"] = max(probes)
+        return trajs, metrics
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """rlkit.stages.sft.demonstration_trajectory of each seed, built on the rollout workers (seeds split

@@ -10,8 +10,10 @@ mixed precision: left unsharded, rlkit.distributed.fsdp.SingleRankRoot), owns th
 state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
 publishes the gathered adapter as version ``v<step>`` (rlkit.sync).
 
-RolloutWorker: an unsharded policy and its TransformersEngine; before sampling it loads exactly the
-version it is told to (rlkit.sync.AdapterSubscriber) and records that version in every trajectory.
+RolloutWorker: an unsharded policy and its engine (rlkit's TransformersEngine, or with rollout.engine=vllm a
+VllmEngine: vLLM in a child process of the actor, rlkit.policy.vllm_engine); before sampling it loads exactly the
+version it is told to (rlkit.sync.AdapterSubscriber: into the policy, and into vLLM under a new LoRA id) and
+records that version in every trajectory.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class TrainerSpec:
 @dataclass
 class RolloutSpec:
     """What every rollout worker is built from: the resolved env and policy nodes (plain dicts with
-    ``_target_``), the SFT base checkpoint, the sync directory and wait (seconds), threads, device."""
+    ``_target_``), the SFT base checkpoint, the sync directory and wait (seconds), threads, device, the engine
+    (rollout.engine: "rlkit" | "vllm") and where a vLLM engine writes its log (``vllm_engine_<index>.log``; None:
+    the temp dir)."""
 
     env: dict[str, Any]
     policy: dict[str, Any]
@@ -72,6 +76,8 @@ class RolloutSpec:
     deterministic: bool = False
     reuse_kv_cache: bool = True  # rollout.reuse_kv_cache: multi-turn episodes keep their KV cache across turns
     fixed_image_seed: int | None = None  # control=fixed_image: every env shows this training task's first picture
+    engine: str = "rlkit"
+    log_dir: str | None = None
 
 
 def configure_process(threads: int, deterministic: bool = False) -> None:
@@ -261,32 +267,60 @@ class RolloutWorker:
 
             self.env_spec = FixedImageEnvSpec(self.env_spec, spec.fixed_image_seed)
         self.policy = load_worker_policy(spec.policy, spec.base_path, device=spec.device_type)
-        self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
+        if spec.engine == "vllm":
+            from rlkit.policy.vllm_engine import VllmEngine, max_images_for
+
+            log = None if spec.log_dir is None else Path(spec.log_dir) / f"vllm_engine_{self.index}.log"
+            self.engine = VllmEngine(self.policy, max_images=max_images_for(self.env_spec), threads=spec.threads,
+                                     prefix_caching=spec.reuse_kv_cache, log_path=log)
+        else:
+            self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)
+        self._engine_version: int | None = None
 
     def ready(self) -> dict[str, Any]:
-        """{"index", "pid", "threads", "device"} once the policy is loaded."""
-        return {"index": self.index, "pid": os.getpid(), "threads": torch.get_num_threads(), "device": str(self.policy.device)}
+        """{"index", "pid", "threads", "device"} once the policy is loaded; with vLLM once it has started too, plus
+        "engine_pid" and "engine_startup_s" (seconds from its spawn to ready)."""
+        info = {"index": self.index, "pid": os.getpid(), "threads": torch.get_num_threads(),
+                "device": str(self.policy.device)}
+        if self.spec.engine == "vllm":
+            info["engine_startup_s"] = self.engine.wait_ready()
+            info["engine_pid"] = self.engine.pid
+        return info
 
     def sync(self, version: int) -> dict[str, Any]:
-        """Make adapter ``version`` live (rlkit.sync.AdapterSubscriber.load); asdict(LoadedVersion).
+        """Make adapter ``version`` live (rlkit.sync.AdapterSubscriber.load; with vLLM also loaded there under a new
+        LoRA id, its time in "load_s"); asdict(LoadedVersion).
 
         Raises: rlkit.sync.SyncError when it is missing after the wait, torn, mislabelled or older
         than the live version.
         """
-        return asdict(self.subscriber.load(self.policy.model, version))
+        load = asdict(self.subscriber.load(self.policy.model, version))
+        if self.spec.engine == "vllm":
+            if self._engine_version != version:
+                from rlkit.sync import version_dir
+
+                t0 = time.perf_counter()
+                self.engine.load_adapter(version_dir(self.spec.sync_root, version))
+                self._engine_version = version
+                load["load_s"] += time.perf_counter() - t0
+        return load
+
+    def _engine_info(self) -> dict[str, Any]:
+        p = getattr(self.engine, "last_probe", None)
+        return {} if not p else {"probe_logprob_diff": float(p["max_logprob_diff"])}
 
     def rollout(self, seeds: list[int], group_size: int, sampling: Any, version: int) -> tuple[list[Any], dict[str, Any]]:
         """Load ``version``, then rlkit.rollout.rollout on ``seeds`` (G = group_size; groups contiguous,
         group indices local to this call). Returns (trajectories, {"load": LoadedVersion dict,
-        "rollout_s": seconds of sampling})."""
+        "rollout_s": seconds of sampling}, plus the vLLM probe's "probe_logprob_diff")."""
         from rlkit.rollout import rollout
 
         load = self.sync(version)
         t0 = time.perf_counter()
         trajs = rollout(self.env_spec, self.policy, self.engine, list(seeds), group_size, sampling,
                         policy_version=self.subscriber.version)
-        return trajs, {"load": load, "rollout_s": time.perf_counter() - t0}
+        return trajs, {"load": load, "rollout_s": time.perf_counter() - t0, **self._engine_info()}
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """rlkit.stages.sft.demonstration_trajectory for each seed (the adapter plays no part), in order; a
@@ -311,3 +345,9 @@ class RolloutWorker:
         """Load ``version``, then ``engine.generate(prompts, sampling)`` (list of n Completions per prompt)."""
         self.sync(version)
         return self.engine.generate(prompts, sampling)
+
+    def shutdown(self) -> None:
+        """Stop the engine's own process (vLLM); nothing for rlkit's engine."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

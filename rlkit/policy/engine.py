@@ -46,11 +46,14 @@ from rlkit.policy.lora import unwrap_model
 class PromptInput:
     """One prompt: input_ids (the whole conversation so far, ending with the assistant header),
     pixel_values [P, D] float32 and image_grid_thw [n_images, 3] long of all its images in order
-    (both None for a text-only prompt)."""
+    (both None for a text-only prompt). images: the source images (PIL) of those pixel values, in order, for
+    engines that encode images themselves (rlkit.policy.vllm_engine); None where the caller has none (rlkit's
+    engine reads only the pixel values)."""
 
     input_ids: list[int]
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    images: list | None = None
 
 
 @dataclass

@@ -229,6 +229,27 @@ def save_adapter(model, path: str | os.PathLike, version: int | None = None, bas
     return read_adapter_info(path)
 
 
+def adapter_payload(model, base_model: str | None = None, adapter_name: str = "default") -> tuple[dict, dict]:
+    """The live adapter as rlkit.sync.publish_adapter takes it: ({``base_model.model.<module>.lora_A.weight``: CPU
+    tensor}, PEFT's saved layout, what ``save_pretrained`` writes) and its LoraConfig as a dict (inference mode,
+    ``base_model_name_or_path`` = ``base_model`` when given), as the Ray trainer ranks publish it.
+
+    Raises: TypeError if ``model`` is not a PeftModel."""
+    import copy
+
+    from peft.utils import get_peft_model_state_dict
+
+    if not is_peft_model(model):
+        raise TypeError("adapter_payload needs a LoRA (peft) model")
+    tensors = {k: v.detach().to("cpu", copy=True) for k, v in
+               get_peft_model_state_dict(model, adapter_name=adapter_name).items()}
+    cfg = copy.deepcopy(model.peft_config[adapter_name])
+    cfg.inference_mode = True
+    if base_model is not None:
+        cfg.base_model_name_or_path = base_model
+    return tensors, cfg.to_dict()
+
+
 def read_adapter_info(path: str | os.PathLike) -> AdapterInfo:
     """AdapterInfo of an adapter directory (version from rlkit_adapter.json when present).
 

@@ -24,7 +24,8 @@ class ExecutorContext:
     (``base_path``, None: the policy config's own weights), the env (its spec; its config for workers that build
     their own), the typed groups the update reads, the base lr and the sampling temperature of the logprobs
     (rollout.temperature, or 1 for greedy), whether multi-turn rollouts keep their KV cache, the fixed-image
-    control's task (None: the real run), torch's determinism switch, and the console (``say``)."""
+    control's task (None: the real run), torch's determinism switch, the console (``say``), and who samples
+    (``rollout_engine``: "rlkit" | "vllm", rollout.engine)."""
 
     policy_cfg: Any
     base_path: str | None
@@ -38,6 +39,7 @@ class ExecutorContext:
     fixed_image_seed: int | None
     deterministic: bool
     progress: Any
+    rollout_engine: str = "rlkit"
 
 
 class Executor(Protocol):

@@ -95,12 +95,14 @@ class RayExecutor:
     """Rollout, update and evaluation on Ray workers (module doc; rlkit.recipes.executor.Executor).
 
     ``settings``: the backend's RaySettings; ``sync_root``: where the adapter versions are published
-    (rlkit.sync.sync_root of ``paths.shared`` and the run folder).
+    (rlkit.sync.sync_root of ``paths.shared`` and the run folder); ``log_dir``: where the rollout workers' vLLM
+    engines write their logs with rollout.engine=vllm (None: the temp dir).
     """
 
-    def __init__(self, settings: RaySettings, sync_root: Path) -> None:
+    def __init__(self, settings: RaySettings, sync_root: Path, log_dir: Path | None = None) -> None:
         self.settings = settings
         self.sync_root = sync_root
+        self.log_dir = log_dir
         self.cluster: Any = None
         self.published_version: int | None = None
         self._sample_version: int | None = None  # the version rollouts load; None = step - 1
@@ -122,21 +124,26 @@ class RayExecutor:
 
         s = self.settings
         self.ctx = ctx
+        engine = getattr(ctx, "rollout_engine", "rlkit")  # rollout.engine
         common = dict(policy=ctx.policy_cfg, base_path=ctx.base_path, sync_root=str(self.sync_root),
                       threads=s.threads_per_actor, device_type=s.device_type, deterministic=ctx.deterministic)
         trainer_spec = TrainerSpec(algorithm=ctx.algo, optim=ctx.optim, lr=float(ctx.lr), keep_versions=s.keep_versions,
                                    mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s,
                                    strategy=s.strategy, **common)
         rollout_spec = RolloutSpec(env=ctx.env_cfg, sync_timeout_s=s.sync_timeout_s, reuse_kv_cache=ctx.reuse_kv_cache,
-                                   fixed_image_seed=ctx.fixed_image_seed, **common)
+                                   fixed_image_seed=ctx.fixed_image_seed, engine=engine,
+                                   log_dir=None if self.log_dir is None else str(self.log_dir), **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start()
         ctx.progress.say(
             f"native_ray: {s.num_workers} trainer rank(s) "
             f"({ {'fsdp': 'FSDP2', 'ddp': 'DDP'}.get(self.cluster.strategy, self.cluster.strategy)}, "
             f"{'nccl' if s.device_type == 'cuda' else 'gloo'}) + "
-            f"{s.num_rollout_workers} rollout worker(s), {'colocated' if s.colocate else 'separate'} bundles, "
-            f"ready in {self.cluster.startup_s:.0f}s; adapter sync under {self.sync_root}"
+            f"{s.num_rollout_workers} rollout worker(s){' (vLLM engines)' if engine == 'vllm' else ''}, "
+            f"{'colocated' if s.colocate else 'separate'} bundles, "
+            f"ready in {self.cluster.startup_s:.0f}s"
+            + (f" (vLLM started in {self.cluster.engine_startup_s:.0f}s)" if self.cluster.engine_startup_s else "")
+            + f"; adapter sync under {self.sync_root}"
             + (f"; Ray dashboard {self.cluster.dashboard_url}" if self.cluster.dashboard_url else ""))
         self.policy = RemotePolicy(self)
         shadow = [torch.nn.Parameter(torch.empty(shape)) for _, shape in self.cluster.param_specs]

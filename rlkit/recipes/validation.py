@@ -48,8 +48,56 @@ def config_problems(cfg: DictConfig) -> list[str]:
     elif m > 0 and aux.demo_coef == 0.0:
         problems.append(f"aux_loss.demo_max_successes={m} picks the tasks of the demonstration loss, which is off "
                         "(aux_loss.demo_coef=0): set demo_coef > 0 (aux_loss=relift), or demo_max_successes to 0")
+    problems += rollout_engine_problems(cfg)
     if not problems:  # last: it imports transformers (3 s), which a config refused for another reason need not wait for
         problems = policy_problems(cfg.policy)
+    return problems
+
+
+def rollout_engine_problems(cfg: DictConfig) -> list[str]:
+    """What ``rollout.engine=vllm`` (rlkit.policy.vllm_engine) cannot sample faithfully, each with its fix: no vLLM
+    environment; top-k / top-p (vLLM's logprobs are then of the truncated distribution, the update's old logprobs of
+    the untruncated one); LoRA on the Conv3d patch embedding (vLLM ignores it silently: ``include_vision`` with
+    all-linear adapts it through the leaf name ``proj``); image-size bounds on the policy (vLLM sizes images with the
+    checkpoint's processor); a CUDA policy (vLLM's CPU build); a LoRA rank vLLM has no slot for. [] for rlkit's engine."""
+    r = cfg.rollout
+    if r.get("engine", "rlkit") != "vllm":
+        return []
+    from rlkit.policy.vllm_engine import vllm_python_problem
+    from rlkit.serve.vllm import VLLM_LORA_RANKS, patch_embed_targets
+
+    problems = []
+    if (missing := vllm_python_problem()) is not None:
+        problems.append(missing)
+    if (r.top_k and r.top_k > 0) or r.top_p < 1.0:
+        problems.append(f"rollout.engine=vllm with rollout.top_k={r.top_k} / rollout.top_p={r.top_p}: vLLM reports the "
+                        "logprobs of the top-k / top-p truncated distribution, the update's old logprobs are the "
+                        "untruncated one's (rlkit.policy.engine.sample_from_logits): set rollout.top_k=0 and "
+                        "rollout.top_p=1.0, or use rollout.engine=rlkit")
+    policy = cfg.policy
+    lora = policy.get("lora", {}) or {}
+    targets = lora.get("target_modules", "all-linear")
+    targets = targets if isinstance(targets, str) else list(targets)
+    conv = (["proj (all-linear with policy.lora.include_vision=true)"]
+            if targets == "all-linear" and lora.get("include_vision", False) else patch_embed_targets(targets))
+    if conv and lora.get("enabled", True):
+        problems.append(f"rollout.engine=vllm: the LoRA targets {conv} adapt the vision tower's Conv3d patch embedding "
+                        "(visual.patch_embed.proj), which vLLM does not apply (it samples without it, silently): set "
+                        "policy.lora.include_vision=false, or list the targets without 'proj', e.g. "
+                        "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
+                        "linear_fc1,linear_fc2]; or use rollout.engine=rlkit")
+    bounds = [k for k in ("image_min_pixels", "image_max_pixels") if policy.get(k) is not None]
+    if bounds:
+        problems.append(f"rollout.engine=vllm with policy.{bounds[0]}={policy.get(bounds[0])}: vLLM sizes images with the "
+                        "checkpoint's image processor, which this override does not reach; set the bounds in the "
+                        "checkpoint (policy.tiny.* for a tiny build) and drop the override, or use rollout.engine=rlkit")
+    if str(policy.get("device", "auto")).startswith("cuda"):
+        problems.append(f"rollout.engine=vllm runs vLLM's CPU build (.venv-vllm), but policy.device={policy.device}: use "
+                        "policy.device=cpu or auto on a CPU machine, or rollout.engine=rlkit")
+    rank = lora.get("rank")
+    if rank is not None and int(rank) > VLLM_LORA_RANKS[-1]:
+        problems.append(f"rollout.engine=vllm: policy.lora.rank={rank} is above the largest LoRA rank vLLM serves "
+                        f"({VLLM_LORA_RANKS[-1]}); lower it or use rollout.engine=rlkit")
     return problems
 
 
