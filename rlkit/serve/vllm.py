@@ -103,8 +103,9 @@ VISION_LINEAR_LEAVES = ("qkv", "proj", "linear_fc1", "linear_fc2")
 
 def patch_embed_targets(target_modules) -> list[str]:
     """The entries of a LoRA target list that peft would match to the Conv3d patch embedding (a whole name or
-    a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target
-    (``all-linear``: peft's and rlkit's pick linears only)."""
+    a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target.
+    A string says nothing alone: peft's ``all-linear`` picks linears only, but rlkit's ``all-linear`` with
+    ``policy.lora.include_vision=true`` does adapt the Conv3d (rlkit.recipes.validation checks that case itself)."""
     if isinstance(target_modules, str):
         return []
     return [str(t) for t in target_modules
