@@ -31,6 +31,7 @@ import copy
 import functools
 import json
 import shlex
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -400,20 +401,26 @@ def _strict_crd_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
     return strict_schema(load_crd_schema(Path(path)))
 
 
-def default_schema_dir(repo_root: Path) -> Path:
-    """``<repo>/../shared/k8s``: the folder next to the clone where a checkout may keep the KubeRay v1 CRD
-    schemas (they are not part of the repository; ``scripts/hyperpod_cluster.py`` skips the CRD
-    validation with a notice when they are absent)."""
-    return repo_root.parent / "shared" / "k8s"
+#: Environment variable naming a folder with the KubeRay v1 CRD schemas, read when ``--schemas`` is not given.
+SCHEMAS_ENV = "RLKIT_KUBERAY_SCHEMAS"
 
 
-def missing_crd_schemas(docs: dict[str, dict[str, Any]], schema_dir: Path) -> list[str]:
-    """The CRD schema file names ``docs`` need that ``schema_dir`` lacks: ``RAYCLUSTER_SCHEMA`` always,
-    ``RAYJOB_SCHEMA`` when a RayJob is rendered. Empty when validation against the CRDs can run."""
+def default_schema_dir() -> Path | None:
+    """The folder named by ``$RLKIT_KUBERAY_SCHEMAS`` (the KubeRay v1 CRD schemas are not part of the
+    repository), or None when it is unset or empty; ``scripts/hyperpod_cluster.py`` then skips the CRD
+    validation with a notice."""
+    value = os.environ.get(SCHEMAS_ENV, "").strip()
+    return Path(value) if value else None
+
+
+def missing_crd_schemas(docs: dict[str, dict[str, Any]], schema_dir: Path | None) -> list[str]:
+    """The CRD schema file names ``docs`` need that ``schema_dir`` lacks (all of them when it is None):
+    ``RAYCLUSTER_SCHEMA`` always, ``RAYJOB_SCHEMA`` when a RayJob is rendered. Empty when validation against
+    the CRDs can run."""
     needed = [RAYCLUSTER_SCHEMA]
     if any(d.get("kind") == "RayJob" for d in docs.values()):
         needed.append(RAYJOB_SCHEMA)
-    return [name for name in needed if not (Path(schema_dir) / name).is_file()]
+    return [name for name in needed if schema_dir is None or not (Path(schema_dir) / name).is_file()]
 
 
 def validate(docs: dict[str, dict[str, Any]], schema_dir: Path | None) -> None:
@@ -533,4 +540,4 @@ def conf_summary(conf: ClusterConf) -> str:
 
 
 __all__ = ["ClusterConf", "ManifestError", "load_config", "render", "validate", "problems", "write",
-           "strict_schema", "load_crd_schema", "default_schema_dir", "missing_crd_schemas", "PV_SCHEMA", "PVC_SCHEMA"]
+           "strict_schema", "load_crd_schema", "default_schema_dir", "SCHEMAS_ENV", "missing_crd_schemas", "PV_SCHEMA", "PVC_SCHEMA"]

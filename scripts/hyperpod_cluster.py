@@ -9,7 +9,7 @@ validating them offline against the KubeRay v1 CRD schemas (unknown fields are e
 PV/PVC schema. The CRD schemas are not part of the repository: --schemas DIR names a folder holding
 kuberay_v1_rayclusters_schema.json and kuberay_v1_rayjobs_schema.json (`kubectl get crd
 rayclusters.ray.io -o json` saved under that name will do); without --schemas the script looks in
-../shared/k8s next to the clone, and where they are not there it prints one line on stderr saying that
+$RLKIT_KUBERAY_SCHEMAS, and where that is unset or lacks them it prints one line on stderr saying that
 the CRD validation was skipped and renders anyway (the PV/PVC and cross-document checks still run). Settings are ``key=value`` overrides of ``launchers.manifests.ClusterConf`` (e.g.
 ``namespace=team-a worker.replicas=3 worker.gpus=2 secret_env.WANDB_API_KEY=wandb/api-key``), after
 optional ``--config file.yaml`` files. Without --out, prints the manifests as one multi-document YAML.
@@ -27,16 +27,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launchers.manifests import (  # noqa: E402
-    ManifestError, conf_summary, default_schema_dir, load_config, missing_crd_schemas, render, to_yaml, validate,
-    write,
+    SCHEMAS_ENV, ManifestError, conf_summary, default_schema_dir, load_config, missing_crd_schemas, render, to_yaml,
+    validate, write,
 )
 
 
-def skip_line(schema_dir: Path, missing: list[str]) -> str:
-    """The one line printed when the KubeRay CRD schemas are absent and their validation is skipped."""
-    return (f"schema validation skipped: no {' / '.join(missing)} in {schema_dir}; put the KubeRay v1 CRD schemas "
-            "there (e.g. `kubectl get crd rayclusters.ray.io -o json` saved as kuberay_v1_rayclusters_schema.json) "
-            "or pass --schemas DIR; the PV/PVC and cross-document checks ran")
+def skip_line(schema_dir: Path | None, missing: list[str]) -> str:
+    """The one line printed when the KubeRay CRD schemas are absent (``schema_dir`` None: $RLKIT_KUBERAY_SCHEMAS
+    unset) and their validation is skipped."""
+    where = f"in {schema_dir}" if schema_dir else f"(${SCHEMAS_ENV} is not set)"
+    return (f"schema validation skipped: no {' / '.join(missing)} {where}; put the KubeRay v1 CRD schemas in a "
+            "folder (e.g. `kubectl get crd rayclusters.ray.io -o json` saved as kuberay_v1_rayclusters_schema.json) "
+            f"and pass --schemas DIR or set {SCHEMAS_ENV}=DIR; the PV/PVC and cross-document checks ran")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schemas", type=Path, default=None,
                     help="folder with kuberay_v1_rayclusters_schema.json and kuberay_v1_rayjobs_schema.json; a "
                          "missing file there is an error (default: %s if it holds them, else the CRD validation "
-                         "is skipped with a notice)" % default_schema_dir(REPO))
+                         "is skipped with a notice)" % ("$" + SCHEMAS_ENV))
     ap.add_argument("--no-validate", action="store_true", help="skip the offline schema validation")
     args = ap.parse_args(argv)
     schema_dir: Path | None = args.schemas
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         docs = render(conf)
         if not args.no_validate:
             if schema_dir is None:
-                schema_dir = default_schema_dir(REPO)
+                schema_dir = default_schema_dir()
                 missing = missing_crd_schemas(docs, schema_dir)
                 if missing:
                     skipped = skip_line(schema_dir, missing)

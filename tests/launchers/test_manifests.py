@@ -1,6 +1,7 @@
 """HyperPod manifests (launchers/manifests.py, scripts/hyperpod_cluster.py) validated offline against the
-KubeRay v1 CRD schemas in ../shared/k8s, found relative to the repo (tests may read that folder; the script
-itself skips the CRD validation with a notice where it is absent)."""
+KubeRay v1 CRD schemas. The tests read them from ../shared/k8s beside the clone where a checkout keeps them
+(the product never looks outside the repository: --schemas DIR or $RLKIT_KUBERAY_SCHEMAS; without either the
+script skips the CRD validation with a notice)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from launchers.manifests import (
-    ENDPOINT_ANNOTATION, FSX_CSI_DRIVER, ManifestError, default_schema_dir, load_config, load_crd_schema,
+    ENDPOINT_ANNOTATION, FSX_CSI_DRIVER, SCHEMAS_ENV, ManifestError, default_schema_dir, load_config, load_crd_schema,
     missing_crd_schemas, problems, render, strict_schema, validate,
 )
 
@@ -25,7 +26,7 @@ REQUIRED = ["image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rlkit:0.1",
 
 @pytest.fixture(scope="module")
 def schemas(repo_root):
-    d = default_schema_dir(repo_root)
+    d = repo_root.parent / "shared" / "k8s"
     if not (d / "kuberay_v1_rayclusters_schema.json").is_file():  # a plain clone: as tests/envs/conftest.py does
         pytest.skip(f"KubeRay CRD schemas not found in {d} (../shared/k8s beside the clone)")
     return d
@@ -123,11 +124,11 @@ def test_config_errors_name_the_key():
 def test_script_writes_valid_manifests(repo_root, schemas, tmp_path):
     script = repo_root / "scripts" / "hyperpod_cluster.py"
     out = tmp_path / "k8s"
-    proc = subprocess.run([sys.executable, str(script), *REQUIRED, "worker.replicas=2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script), *REQUIRED, "worker.replicas=2", "--out", str(out),
+                           "--schemas", str(schemas)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "kubectl apply -f" in proc.stdout and f"validated against {schemas}" in proc.stdout
-    assert proc.stderr == ""  # the schemas beside the clone were found: no skip notice
+    assert proc.stderr == ""  # the schemas were found: no skip notice
     rc = yaml.safe_load((out / "raycluster.yaml").read_text())
     assert rc["spec"]["workerGroupSpecs"][0]["replicas"] == 2
     docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
@@ -155,17 +156,17 @@ def _script_module(repo_root):
 
 
 def test_script_in_a_plain_clone_skips_the_crd_schemas_and_renders(repo_root, tmp_path, monkeypatch, capsys):
-    """A clone with no ../shared/k8s next to it: one notice on stderr, the manifests are still written and
+    """No --schemas and no $RLKIT_KUBERAY_SCHEMAS: one notice on stderr, the manifests are still written and
     the checks that need no outside data still run."""
     script = _script_module(repo_root)
-    clone = tmp_path / "clone"  # default_schema_dir(clone) = tmp_path/shared/k8s, which does not exist
-    monkeypatch.setattr(script, "REPO", clone)
+    monkeypatch.delenv(SCHEMAS_ENV, raising=False)
+    assert default_schema_dir() is None
     out = tmp_path / "k8s"
     assert script.main([*REQUIRED, "rayjob.enabled=true", "--out", str(out)]) == 0
     stdout, stderr = capsys.readouterr()
     (line,) = stderr.strip().splitlines()
     assert line.startswith("schema validation skipped: no kuberay_v1_rayclusters_schema.json / "
-                           "kuberay_v1_rayjobs_schema.json in " + str(tmp_path / "shared" / "k8s"))
+                           f"kuberay_v1_rayjobs_schema.json (${SCHEMAS_ENV} is not set)")
     assert "--schemas DIR" in line
     assert "validated against" not in stdout and "kubectl apply -f" in stdout
     assert sorted(p.name for p in out.glob("*.yaml")) == ["fsx-pv.yaml", "fsx-pvc.yaml", "raycluster.yaml",
@@ -174,7 +175,7 @@ def test_script_in_a_plain_clone_skips_the_crd_schemas_and_renders(repo_root, tm
     # to stdout as one multi-document YAML: the notice stays on stderr, the YAML parses whole
     assert script.main(REQUIRED) == 0
     stdout, stderr = capsys.readouterr()
-    assert stderr.startswith("schema validation skipped: no kuberay_v1_rayclusters_schema.json in ")
+    assert stderr.startswith("schema validation skipped: no kuberay_v1_rayclusters_schema.json (")
     assert [d["kind"] for d in yaml.safe_load_all(stdout)] == ["PersistentVolume", "PersistentVolumeClaim",
                                                                 "RayCluster"]
     # without the CRD schemas the consistency checks still refuse a broken claim
@@ -184,6 +185,21 @@ def test_script_in_a_plain_clone_skips_the_crd_schemas_and_renders(repo_root, tm
     # an explicit --schemas folder that lacks them is still an error, not a skip
     assert script.main([*REQUIRED, "--schemas", str(tmp_path / "none")]) == 2
     assert "CRD schema not found" in capsys.readouterr().err
+
+
+def test_script_reads_the_schema_folder_from_the_environment(repo_root, schemas, tmp_path, monkeypatch, capsys):
+    """$RLKIT_KUBERAY_SCHEMAS names the folder when --schemas is not given: validated against it when it holds
+    the schemas, the skip notice naming it when it does not."""
+    script = _script_module(repo_root)
+    monkeypatch.setenv(SCHEMAS_ENV, str(schemas))
+    assert script.main(REQUIRED) == 0
+    assert capsys.readouterr().err == ""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv(SCHEMAS_ENV, str(empty))
+    assert script.main(REQUIRED) == 0
+    assert capsys.readouterr().err.startswith(
+        f"schema validation skipped: no kuberay_v1_rayclusters_schema.json in {empty};")
 
 
 def _broken_claim(docs):
