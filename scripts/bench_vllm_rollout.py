@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _randomise_b(model, seed: int, std: float) -> None:
+def randomise_lora_b(model, seed: int, std: float) -> None:
+    """Set every LoRA B matrix of ``model`` to N(0, std^2) entries drawn from a generator seeded with ``seed``
+    (parameters in name order), so the adapter changes outputs as a trained one does (B = 0 at init leaves the base
+    model's outputs). Shared by this benchmark and the vLLM parity tests (tests/vllm/rlkit_reference.py)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     pol.save_adapter(tmp / "v0", version=0)
     vl.load_adapter(tmp / "v0")
     timed(vl, "vllm, LoRA B=0")
-    _randomise_b(pol.model, 1, 0.05)
+    randomise_lora_b(pol.model, 1, 0.05)
     pol.save_adapter(tmp / "v1", version=1)
     t0 = time.perf_counter()
     vl.load_adapter(tmp / "v1")

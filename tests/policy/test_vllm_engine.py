@@ -21,24 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.distributed.reaper import (
+    pid_alive,  # a zombie (exited, not reaped) counts as gone
+)
 from rlkit.policy import PromptInput, SamplingParams
 from rlkit.policy.vllm_engine import VllmEngine, VllmEngineError, collapse_image_pads
 
 from .conftest import maze_image
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not reaped yet) counts as gone
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -172,9 +163,9 @@ def test_the_process_stops_with_close_and_with_its_parent(policy, fake, tiny_dir
     eng = VllmEngine(policy, probe=False, python=python)
     eng.wait_ready()
     pid = eng.pid
-    assert _alive(pid)
+    assert pid_alive(pid)
     eng.close()
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     eng.close()  # idempotent
 
     # a parent that dies without a word (SIGKILL: a killed Ray actor) takes its vLLM process with it
@@ -191,13 +182,13 @@ def test_the_process_stops_with_close_and_with_its_parent(policy, fake, tiny_dir
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     child = int(parent.stdout.readline())
-    assert _alive(child)
+    assert pid_alive(child)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(child), f"vLLM worker {child} outlived its killed parent"
+    assert not pid_alive(child), f"vLLM worker {child} outlived its killed parent"
 
 
 def test_a_missing_interpreter_is_refused_naming_the_setup_script(policy, tmp_path):

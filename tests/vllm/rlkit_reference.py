@@ -40,16 +40,6 @@ def maze_spec():
     return VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", wall_move="fail")
 
 
-def _randomise_b(model, seed: int, std: float) -> None:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
@@ -66,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.policy import PromptInput, SamplingParams, load_policy, make_engine
     from rlkit.policy.lora import save_adapter
     from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
+    from scripts.bench_vllm_rollout import randomise_lora_b
 
     torch.set_num_threads(1)
     out = args.out
@@ -98,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ("patch_embed", LM_VISION_TARGETS + ["proj"], 3)):
         pol = load_policy(name="reference", path=str(ckpt), dtype="float32", device="cpu",
                           lora={"rank": 8, "alpha": 16, "target_modules": targets}, seed=seed)
-        _randomise_b(pol.model, seed, args.b_std)
+        randomise_lora_b(pol.model, seed, args.b_std)
         path = out / "adapters" / name
         save_adapter(pol.model, path, version=seed, base_model=str(ckpt))
         adapters[name] = str(path)

@@ -23,22 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from tests.vllm.rlkit_reference import LM_VISION_TARGETS, _randomise_b
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+from rlkit.distributed.reaper import (
+    pid_alive,  # a zombie (exited, not reaped) counts as gone
+)
+from scripts.bench_vllm_rollout import randomise_lora_b
+from tests.vllm.rlkit_reference import LM_VISION_TARGETS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = build_tiny_policy(out / "ckpt", TinyVLSizes(**json.loads(args.sizes)), seed=0)
     pol = load_policy(name="engine_check", path=str(ckpt), dtype="float32", device="cpu",
                       lora={"rank": 8, "alpha": 16, "target_modules": LM_VISION_TARGETS}, seed=1)
-    _randomise_b(pol.model, 1, 0.1)
+    randomise_lora_b(pol.model, 1, 0.1)
     pol.save_adapter(out / "adapter", version=1)
 
     plan = VisGymMaze(variant="small", mode="plan", max_turns=17, parser="plan", wall_move="fail")
@@ -134,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     res["multiturn_images"] = [len(t.image_inputs) for t in mt_v]
 
     vl.close()
-    res["alive_after_close"] = _alive(res["pid"])
+    res["alive_after_close"] = pid_alive(res["pid"])
     (out / "engine.json").write_text(json.dumps(res))
     return 0
 

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.distributed.reaper import (
+    pid_alive,  # a zombie (exited, not reaped) counts as gone
+)
+
 pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm", reason="vllm: needs .venv-vllm (bash scripts/test_vllm.sh)")
@@ -38,17 +42,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
     for k in ("VIRTUAL_ENV", "WANDB_API_KEY", "RAY_ADDRESS"):
         env.pop(k, None)
     return env
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +96,7 @@ def test_smoke_run_samples_with_vllm_and_its_greedy_eval_equals_rlkits_engine(tm
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     said = proc.stdout + proc.stderr
     pid = int(re.search(r"vLLM starting in process (\d+)", said).group(1))
-    assert not _alive(pid), f"the run left its vLLM process {pid} behind"
+    assert not pid_alive(pid), f"the run left its vLLM process {pid} behind"
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "completed" and result["steps_completed"] == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
