@@ -54,6 +54,8 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     b, h, q_len, d = query.shape
     kvh, length = key.shape[1], key.shape[2]
     causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
+    if causal and not dropout and q_len * length > MAX_SCORES and _right_padded_causal(attention_mask, q_len, length):
+        return _causal_flash(query, key, value, scaling), None
     if dropout or not causal or q_len * length > MAX_SCORES:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -70,6 +72,39 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, h // kvh * q_len, length)
     out = (probs @ value).view(b, h, q_len, d)  # [B, H, Q, D]
     return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], value's dtype
+
+
+def _right_padded_causal(mask: torch.Tensor | None, q_len: int, length: int) -> bool:
+    """Whether ``mask`` (bool [B, 1, Q, L], True = attend) is exactly causal attention aligned to the last key
+    (query i sees keys 0..L-Q+i: a prefix of L-Q keys run earlier, then the queries' own tokens) with each row's
+    real keys a prefix of the L positions (right padding): what rlkit's training batches build. Costs one
+    comparison over the mask (~1% of the attention it saves)."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or \
+            mask.shape[2] != q_len or mask.shape[3] != length or length < q_len:
+        return False
+    keys = mask[:, 0, -1, :]  # [B, L]: the last query sees every real key
+    n = keys.sum(-1)  # [B] real keys a row
+    if not torch.equal(keys, torch.arange(length, device=mask.device)[None, :] < n[:, None]):
+        return False  # not right padding
+    causal = torch.ones(q_len, length, dtype=torch.bool, device=mask.device).tril(length - q_len)  # [Q, L]
+    return torch.equal(mask[:, 0], causal[None] & keys[:, None, :])
+
+
+def _causal_flash(query, key, value, scaling):
+    """Causal attention through PyTorch's flash kernel with ``is_causal=True``, which skips the masked half of the
+    score blocks (with an explicit mask it computes all of them): exact, for a ``_right_padded_causal`` mask, on
+    every query row whose key is real (a padding row's output differs; nothing real reads it: later positions of
+    its row are padding too, and the loss masks it). The L-Q prefix keys get L-Q zero query rows in front, so the
+    kernel's top-left causal alignment sees what the mask does. query [B, H, Q, D], key/value [B, KVH, L, D];
+    returns [B, Q, H, D] in value's dtype."""
+    q_len, length = query.shape[2], key.shape[2]
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:  # grouped-query: each KV head serves `rep` consecutive query heads (transformers' repeat_kv)
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    if length > q_len:
+        query = torch.cat([query.new_zeros(*query.shape[:2], length - q_len, query.shape[3]), query], dim=2)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out[:, :, length - q_len:].transpose(1, 2).contiguous()
 
 
 def register() -> str:

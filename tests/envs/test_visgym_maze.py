@@ -98,6 +98,14 @@ def test_easy_eval_set_budgets():
     assert sum(t <= 15 for t in turns) == 50
 
 
+def test_small_eval_set_budgets():
+    """All 64 small (7x7) eval mazes are solvable within 17 turns (moves + stop), as experiment=interactive_demo
+    (and the plan budget of conf/env/visgym_small.yaml) needs: 58 need 9, 5 need 13, 1 needs 17."""
+    eval_set = EVAL_SETS["visgym_small_64"]
+    turns = [len(solve_moves(*generate_maze(s, 7))) + 1 for s in eval_set.seeds]
+    assert Counter(turns) == {9: 58, 13: 5, 17: 1}
+
+
 def test_hard_eval_set_budgets():
     turns = [len(solve_moves(*generate_maze(s, 11))) + 1 for s in EVAL_SETS["visgym_hard_64"].seeds]
     assert min(turns) == 17 and max(turns) == 33

@@ -141,3 +141,61 @@ def test_cpu_policy_samples_and_scores_like_sdpa(make_policy, dtype):
         n = len(turns[2].input_ids)
         assert torch.allclose(lps[NAME][0, n : len(ids)], lps["sdpa"][0, n : len(ids)], atol=1e-5)
         assert torch.allclose(lps[NAME][0, n : len(ids)], torch.tensor(c.logprobs), atol=1e-4)
+
+
+def _right_padded_mask(b, q_len, length, lengths):
+    """Causal aligned to the last key (a prefix of length - q_len keys, then the queries' own), each row's keys
+    real up to lengths[i] (right padding): the training batch's mask. bool [B, 1, Q, L]."""
+    mask = torch.ones(q_len, length, dtype=torch.bool).tril(diagonal=length - q_len).expand(b, 1, q_len, length).clone()
+    for i, n in enumerate(lengths):
+        mask[i, ..., n:] = False
+    return mask
+
+
+@pytest.mark.parametrize("prefix", [0, 40])
+def test_long_right_padded_block_takes_the_causal_kernel_and_equals_sdpa_on_real_rows(monkeypatch, prefix):
+    """Past MAX_SCORES a right-padded causal mask runs the flash kernel with is_causal (no mask): outputs and
+    gradients of q, k, v equal transformers' masked sdpa on every real query row (padding rows are not compared:
+    nothing real reads them)."""
+    import rlkit.policy.attention as attention_mod
+
+    b, h, kvh, d = 3, 4, 2, 16
+    q_len = int(MAX_SCORES**0.5) + 20
+    length = q_len + prefix
+    lengths = [length, length - 90, length - 7]  # real keys a row (prefix included)
+    mask = _right_padded_mask(b, q_len, length, lengths)
+    assert attention_mod._right_padded_causal(mask, q_len, length)
+    calls = []
+    real = attention_mod.sdpa_attention_forward
+    monkeypatch.setattr(attention_mod, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs, grads = [], []
+    for fn in (small_attention, real):
+        q, k, v = (t.requires_grad_() for t in _qkv(b, h, kvh, q_len, length, d, torch.float32, seed=5))
+        out, _ = fn(_Attn(h // kvh), q, k, v, mask)
+        weight = torch.zeros(b, q_len, 1, 1)  # the loss reads real rows only
+        for i, n in enumerate(lengths):
+            weight[i, : n - prefix] = 1.0
+        (out.pow(2) * weight).sum().backward()
+        outs.append(out.detach())
+        grads.append([t.grad for t in (q, k, v)])
+    assert calls == []  # small_attention did not fall back to transformers' sdpa
+    for i, n in enumerate(lengths):
+        assert torch.allclose(outs[0][i, : n - prefix], outs[1][i, : n - prefix], atol=1e-5, rtol=0)
+    for ga, gb in zip(*grads):
+        assert torch.allclose(ga, gb, atol=1e-4, rtol=1e-4)
+
+
+def test_other_long_masks_fall_back_to_sdpa():
+    """A left-padded row, a hole in a row's keys, or a float mask is not the training batch's mask: not taken."""
+    from rlkit.policy.attention import _right_padded_causal
+
+    b, q_len, length = 2, 300, 340
+    mask = _right_padded_mask(b, q_len, length, [length, length - 30])
+    assert _right_padded_causal(mask, q_len, length)
+    left = mask.clone()
+    left[1, ..., :5] = False
+    hole = mask.clone()
+    hole[0, ..., 100] = False
+    top_left = torch.ones(q_len, length, dtype=torch.bool).tril().expand(b, 1, q_len, length).clone()
+    for bad in (left, hole, top_left, mask.float(), None):
+        assert not _right_padded_causal(bad, q_len, length)
