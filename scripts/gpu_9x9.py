@@ -168,7 +168,11 @@ def main() -> int:
             return finish()
         sft_step_s = ps["wall_time_s"] / ps["steps"]  # includes warm-up and the validation: an over-estimate
         grpo_step_s = max(r["timing/step"] for r in rows[1:]) if len(rows) > 1 else rows[0]["timing/step"]
-        setup_s = float(json.loads((out / "probe" / "result.json").read_text()).get("setup_time_s", 30.0))
+        # a phase's own cost beside its loops (process start, imports, model loads, the final evaluation): the
+        # probe's wall time less its warm start and its GRPO loop (result.json's setup_time_s holds the probe's
+        # warm-start build, which the later phases' starts do not repeat)
+        probe_wall = float(json.loads((out / "probe" / "result.json").read_text()).get("wall_time_s", 0.0))
+        setup_s = max(10.0, dt - ps["wall_time_s"] - probe_wall)
         summary.update(probe_sft_step_s=round(sft_step_s, 3), probe_grpo_step_s=round(grpo_step_s, 3),
                        probe_setup_s=round(setup_s, 1))
 
