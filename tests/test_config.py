@@ -261,3 +261,19 @@ def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
 def test_a_group_option_chosen_on_the_command_line_is_the_one_that_runs():
     assert _compose(["aux_loss=none"]).aux_loss.demo_coef == 0.0
     assert _compose(["experiment=smoke", "sampling=dapo"]).sampling.name == "dapo"
+
+
+def test_interactive_demo_is_the_7x7_maze_played_one_move_a_turn():
+    """experiment=interactive_demo: rlkit's 7x7 maze interactive (a new 56x56 picture each turn), a turn budget that
+    admits every evaluation maze (the longest of visgym_small_64 needs 16 moves + stop), the 7x7 recipe's grounding
+    and GRPO settings (the recipe is picked from the env choice, visgym_small)."""
+    from envs.visgym.maze import VARIANT_SIZES, generate_maze, solve_moves
+    from envs.visgym.spec import EVAL_SETS
+
+    cfg, small = _compose(["experiment=interactive_demo"]), _compose([])
+    assert (cfg.env.variant, cfg.env.mode) == ("small", "interactive")
+    longest = max(len(solve_moves(*generate_maze(s, VARIANT_SIZES["small"]))) + 1 for s in EVAL_SETS["visgym_small_64"].seeds)
+    assert cfg.env.max_turns >= longest == 17
+    assert cfg.policy.tiny.image_max_pixels == small.policy.tiny.image_max_pixels == 56 * 56
+    assert cfg.grounding.enabled is True and cfg.lr == small.lr and cfg.optim.lr_schedule == "cosine"
+    assert cfg.rollout.max_new_tokens < small.rollout.max_new_tokens  # one move a turn, not a route
