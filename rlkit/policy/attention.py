@@ -10,9 +10,11 @@ the update's time (``scripts/bench_vs_trl.py``, docs/speed.md).
 So on CPU the policy registers ``rlkit_sdpa``: a causal self-attention call (the language model's; the
 vision tower is not causal) whose score matrix is small (queries x keys <= ``MAX_SCORES`` per head)
 runs as ``softmax(q k^T * scale + mask) v``, with autograd when training: the two products in the
-inputs' dtype and the softmax in float32, as transformers' "eager" attention computes it. Everything
-else (long sequences, where the score matrices the backward keeps grow with the square of the length;
-the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
+inputs' dtype and the softmax in float32, as transformers' "eager" attention computes it. A long causal call
+whose mask is a training batch's (causal after a shared prefix, right padding) runs PyTorch's flash kernel with
+``is_causal=True`` and no mask, which skips the masked score blocks the kernel computes when given the mask.
+Everything else (other long sequences, where the score matrices the backward keeps grow with the square of the
+length; the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
 "sdpa"; without one, causality follows ``scaled_dot_product_attention(is_causal=True)`` (query i sees
 keys 0..i).
 
@@ -49,7 +51,8 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
 
     Returns:
         (output [B, Q, H, D] in ``value``'s dtype, None), as transformers' ``sdpa_attention_forward``,
-        which takes every call that is not causal, has dropout, or has Q x L > ``MAX_SCORES``.
+        which takes every call that is not causal, has dropout, or has Q x L > ``MAX_SCORES`` with a mask other
+        than a training batch's (those run ``_causal_flash``; a padding row's output then differs, unread).
     """
     b, h, q_len, d = query.shape
     kvh, length = key.shape[1], key.shape[2]
