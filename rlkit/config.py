@@ -199,6 +199,11 @@ class SFTConfig:
     # overwriting what grounding taught (after SFT alone the policy answers no walls question). The loss is the
     # mean over all answer tokens of the batch. Needs an env with grounding questions (not the grounding stage).
     grounding_mix: int = 0
+    # Share (0..1) of the demonstrations drawn as recovery demonstrations (rlkit.types.SupportsRecoveryDemonstrations):
+    # the solver's episode with one mistake in it, not learned (loss mask 0), and the solver's way on from where it
+    # leads, learned; the states after an error that plain demonstrations never show (DART, Laskey et al. 2017).
+    # Multi-turn envs only. Each demonstration is drawn as one with this probability. 0 = off.
+    recovery_share: float = 0.0
     # Later stages of the warm start, run after this one in the same job: each a mapping of sft keys
     # (max_steps, lr, lr_schedule, target_success, seed, ...) set over this config (not over the stage
     # before: a key a stage does not set has this config's value), trained from the previous stage's
@@ -413,6 +418,7 @@ RANGES: dict[str, Range] = {
     "sft.lr": Range(0, lo_open=True),
     "sft.warmup_steps": Range(0, integer=True),
     "sft.grounding_mix": Range(0, integer=True, note="0 = off"),
+    "sft.recovery_share": Range(0, 1, note="0 = off"),
     "sft.target_success": Range(0, 1),
     "sft.val_tasks": Range(1, integer=True),
     "sft.eval_every": Range(1, integer=True),

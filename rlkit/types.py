@@ -161,6 +161,21 @@ class SupportsDemonstrations(Protocol):
 
 
 @runtime_checkable
+class SupportsRecoveryDemonstrations(Protocol):
+    """A solver that also shows a way back from a mistake: ``recovery_demonstration(seed, rng)`` -> the solver's
+    episode on task ``seed`` with a mistake drawn by ``rng`` (a numpy Generator) in it and the solver's way on from
+    the state it leads to, as ``[(assistant text, imitate), ...]``, one per policy turn, in the env's output format.
+
+    The warm start (``sft.recovery_share`` > 0) replays it through ``make()`` like a demonstration and learns the
+    turns with ``imitate`` True only (loss mask 0 on the others): the states after an error, which a solver's own
+    episodes never reach (DART, Laskey et al. 2017). A recovery demonstration that does not solve its task within
+    ``max_turns`` is skipped.
+    """
+
+    def recovery_demonstration(self, seed: int, rng: Any) -> list[tuple[str, bool]]: ...
+
+
+@runtime_checkable
 class SupportsGroundingQuestions(Protocol):
     """Questions about the env's pictures, for the grounding stage of a policy that cannot read them yet.
 

@@ -25,7 +25,7 @@ import gymnasium as gym
 from PIL import Image
 
 from envs.visgym.gym_env import STOP
-from envs.visgym.maze import MOVE_NAMES, VARIANT_SIZES, generate_maze, render_text, solve_moves
+from envs.visgym.maze import MOVE_NAMES, VARIANT_SIZES, generate_maze, render_text, solve_moves, step_position
 from envs.visgym.parsers import describe_action, make_parser
 from rlkit.types import Observation, StepOutput
 
@@ -89,6 +89,43 @@ def demonstration_texts(variant: str, mode: str, parser: str, seed: int) -> list
     if mode == "plan":
         return [fmt.format(actions)]
     return [fmt.format([a]) for a in actions]
+
+
+def recovery_texts(variant: str, parser: str, seed: int, rng: Any, wall_move: str = "stay") -> list[tuple[str, bool]]:
+    """A solver demonstration of task ``seed`` with one mistake in it and the solver's way on from there, for an
+    interactive episode: ``[(assistant text, imitate), ...]``, one per turn, ``imitate`` False on the mistake only.
+
+    The mistake is a move other than the solver's at a turn drawn uniformly from the route's moves, its direction
+    drawn uniformly from the other three (``rng``, a numpy Generator, draws both). Into a wall (``wall_move`` "stay")
+    the agent stays in place and the solver's move follows; into a side corridor the solver walks back. Under
+    ``wall_move`` "fail" a wall ends the episode, so only moves into free cells are drawn (a maze whose route has
+    no side corridor gets the plain demonstration, every turn imitated). Learning from the turns after a mistake
+    that is not itself imitated is DART's recovery data (Laskey et al. 2017, "DART: Noise injection for robust
+    imitation learning"): the states a policy reaches after its own errors, which the solver alone never shows.
+
+    Raises: ValueError for an unknown variant or a wall_move other than "stay" / "fail".
+    """
+    if wall_move not in WALL_MOVES:
+        raise ValueError(f"wall_move must be one of {WALL_MOVES}, got {wall_move!r}")
+    fmt = make_parser(parser)
+    maze_map, start, goal = generate_maze(seed, VARIANT_SIZES[variant])
+    route = solve_moves(maze_map, start, goal)
+    # every (turn, wrong move) the rules allow, so the draw below is uniform over turns that have one
+    pos, options = start, []
+    for turn, right in enumerate(route):
+        wrong = [d for d in range(4) if d != right
+                 and (wall_move == "stay" or step_position(maze_map, pos, d) != pos)]
+        if wrong:
+            options.append((turn, pos, wrong))
+        pos = step_position(maze_map, pos, right)
+    if not options:
+        return [(fmt.format([a]), True) for a in route + [STOP]]
+    turn, pos, wrong = options[int(rng.integers(len(options)))]
+    mistake = wrong[int(rng.integers(len(wrong)))]
+    after = step_position(maze_map, pos, mistake)
+    rest = solve_moves(maze_map, after, goal) + [STOP]
+    return ([(fmt.format([a]), True) for a in route[:turn]] + [(fmt.format([mistake]), False)]
+            + [(fmt.format([a]), True) for a in rest])
 
 
 class MazeEpisode:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from envs.visgym.episode import MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, solution_actions
+from envs.visgym.episode import (MODE_PARSERS, MODES, WALL_MOVES, MazeEpisode, demonstration_texts, recovery_texts,
+                                  solution_actions)
 
 #: Parsers that read the content of an ``<answer>...</answer>`` block (the others read the whole text, as upstream).
 ANSWER_BLOCK_PARSERS: tuple[str, ...] = ("plan", "plan_walls", "tuple_answer")
@@ -263,6 +264,17 @@ class VisGymMaze:
         """Assistant texts of the solver's episode on task ``seed`` in this env's output format
         (same as ``self.make().demonstration(seed)``; see ``MazeEpisode.demonstration``)."""
         return demonstration_texts(self.variant, self.mode, self.parser, seed)
+
+    def recovery_demonstration(self, seed: int, rng: np.random.Generator) -> list[tuple[str, bool]]:
+        """The solver's episode on task ``seed`` with one mistake drawn by ``rng`` and the way on from it, as
+        ``[(assistant text, imitate), ...]`` (``envs.visgym.episode.recovery_texts``, under this env's wall_move).
+
+        Raises: ValueError in plan mode (one turn: there is no later turn to recover in).
+        """
+        if self.mode != "interactive":
+            raise ValueError("recovery demonstrations need env.mode=interactive (a plan is one turn); "
+                             "set sft.recovery_share=0")
+        return recovery_texts(self.variant, self.parser, seed, rng, self.wall_move)
 
     # -- visual grounding pretraining (rlkit.stages.grounding) ----------------------------------------
 

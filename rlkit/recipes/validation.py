@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit.config import check_ranges
 from rlkit.errors import ConfigError
-from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions
+from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions, SupportsRecoveryDemonstrations
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -178,6 +178,17 @@ def capability_problems(cfg: DictConfig, env_spec: Any) -> list[str]:
     if cfg.sft.enabled and int(cfg.sft.grounding_mix or 0) > 0 and not questions:
         problems.append(f"{name} asks no grounding questions (rlkit.types.SupportsGroundingQuestions), which "
                         f"sft.grounding_mix={cfg.sft.grounding_mix} mixes into the warm start: set sft.grounding_mix=0")
+    share = max([float(cfg.sft.get("recovery_share") or 0)]
+                + [float(st.get("recovery_share") or 0) for st in cfg.sft.get("stages") or []])
+    if cfg.sft.enabled and share > 0:
+        if not isinstance(env_spec, SupportsRecoveryDemonstrations):
+            problems.append(f"{name} shows no way back from a mistake (recovery_demonstration(seed, rng), rlkit.types."
+                            f"SupportsRecoveryDemonstrations), which sft.recovery_share={share} draws: set "
+                            "sft.recovery_share=0")
+        elif env_spec.max_turns < 2:
+            problems.append(f"sft.recovery_share={share} needs a multi-turn env (a mistake and a later turn to "
+                            f"recover in); {name} has {env_spec.max_turns} turn (e.g. env.mode=plan): set "
+                            "sft.recovery_share=0 or env.mode=interactive")
     if cfg.get("control") == "fixed_image":
         first = env_spec.make().reset(env_spec.eval_seeds()[0])
         if not first.images:

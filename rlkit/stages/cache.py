@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from rlkit.config import KEYS_ADDED_LATER, compat_table
 from rlkit.hardware import cpu_record
 from rlkit.tasks import TaskSampler
-from rlkit.types import EnvSpec, SupportsDemonstrations
+from rlkit.types import EnvSpec, SupportsDemonstrations, SupportsRecoveryDemonstrations
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,25 @@ def sft_cache_key(sft_cfg: Any, env_cfg: Any, policy_cfg: Any, decoding: Any = N
     return cache_key_of(cache_key_inputs(sft_cfg, env_cfg, policy_cfg, decoding, prompt))
 
 
-def prompt_fingerprint(env_spec: EnvSpec) -> str:
+def prompt_fingerprint(env_spec: EnvSpec, recovery: bool = False) -> str:
     """The first 16 hex chars of the sha256 of the env's opening prompt and the answer a warm start learns for it:
     its system prompt, the first user text of its first evaluation task and, where the env has a solver
     (rlkit.types.SupportsDemonstrations), that task's demonstrated answers. Both are the env's code, not its config, so a warm
     start keyed on the config alone would be reused after either text changed, though it learned another
-    prompt or another answer format; the warm-start keys hash this too (``cache_key_inputs``' ``prompt``)."""
+    prompt or another answer format; the warm-start keys hash this too (``cache_key_inputs``' ``prompt``).
+    ``recovery``: for a stage that learns recovery demonstrations (``sft.recovery_share`` > 0), that task's recovery
+    demonstration drawn with ``numpy.random.default_rng(0)`` is hashed too, with its imitate flags (the env's code
+    draws the mistakes). Raises: TypeError with ``recovery`` for an env without recovery demonstrations."""
     env = env_spec.make()
     seed = env_spec.eval_seeds()[0]
     obs = env.reset(seed)
     answers = env_spec.demonstration(seed) if isinstance(env_spec, SupportsDemonstrations) else []
+    if recovery:
+        if not isinstance(env_spec, SupportsRecoveryDemonstrations):
+            raise TypeError(f"{type(env_spec).__name__} has no recovery_demonstration(seed, rng); "
+                            "set sft.recovery_share=0")
+        answers = [*answers, *(f"{text}\t{int(imitate)}" for text, imitate in
+                               env_spec.recovery_demonstration(seed, np.random.default_rng(0)))]
     text = "\n".join([getattr(env, "system_prompt", None) or "", getattr(obs, "text", ""), *answers])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

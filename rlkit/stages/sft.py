@@ -44,20 +44,23 @@ from rlkit.stages.cache import (
     save_stage,
 )
 from rlkit.tasks import TaskSampler, training_sampler
-from rlkit.types import EnvSpec, Episode, SupportsDemonstrations, SupportsGroundingQuestions
+from rlkit.types import (EnvSpec, Episode, SupportsDemonstrations, SupportsGroundingQuestions,
+                         SupportsRecoveryDemonstrations)
 
 log = logging.getLogger(__name__)
 
 
 def sft_stage_config(sft_cfg: Any) -> dict[str, Any]:
-    """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` when
-    it is 0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
+    """The ``sft`` config as the cache key hashes it: a plain dict, without ``grounding_mix`` or ``recovery_share``
+    when 0 and without ``lr_schedule`` when it is ``constant`` (those build exactly what the stage built before
     the keys existed, so those caches stay valid), and without ``stages`` (``sft_stage_configs``) or
     ``start_from_env`` / ``start_from_experiment`` (the stage is keyed by the warm start it starts from, through
     the policy config)."""
     plain = OmegaConf.to_container(sft_cfg, resolve=True) if OmegaConf.is_config(sft_cfg) else dict(sft_cfg)
     if not plain.get("grounding_mix"):
         plain.pop("grounding_mix", None)
+    if not plain.get("recovery_share"):
+        plain.pop("recovery_share", None)
     if plain.get("lr_schedule", "constant") == "constant":
         plain.pop("lr_schedule", None)
     plain.pop("stages", None)  # each later stage is keyed on its own, by its predecessor's checkpoint
@@ -110,27 +113,37 @@ def longest_demonstration(env_spec: EnvSpec, tokenizer: Any, seeds: Iterable[int
     return worst
 
 
-def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Trajectory | None:
+def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int, recovery_rng: Any = None) -> Trajectory | None:
     """Replay the env's solver demonstration for ``seed`` and encode it as a token trajectory.
+
+    With ``recovery_rng`` (a numpy Generator), the env's recovery demonstration drawn with it instead
+    (rlkit.types.SupportsRecoveryDemonstrations): its turns with ``imitate`` False keep loss mask 0.
 
     Returns None when the demonstration does not solve the task within the env's budget (e.g. a
     training maze whose shortest path is longer than the step budget): such tasks are skipped.
+    Raises: TypeError when ``recovery_rng`` is given and the env has no ``recovery_demonstration``.
     """
     chat = policy.chat
     env = env_spec.make()
-    texts = env_spec.demonstration(seed)
+    if recovery_rng is None:
+        turns = [(text, True) for text in env_spec.demonstration(seed)]
+    elif isinstance(env_spec, SupportsRecoveryDemonstrations):
+        turns = env_spec.recovery_demonstration(seed, recovery_rng)
+    else:
+        raise TypeError(f"{type(env_spec).__name__} has no recovery_demonstration(seed, rng) "
+                        "(rlkit.types.SupportsRecoveryDemonstrations); set sft.recovery_share=0")
     obs = env.reset(seed)
     ids: list[int] = []
     mask: list[int] = []
     images: list[Any] = []
     tt = chat.user_turn(obs.text, obs.images, system=env.system_prompt, first=True)
-    for turn, text in enumerate(texts):
+    for turn, (text, imitate) in enumerate(turns):
         ids += tt.input_ids
         mask += [0] * len(tt.input_ids)
         images += tt.image_inputs
         completion = chat.completion_ids(text)  # text tokens + <|im_end|>
         ids += completion
-        mask += [1] * len(completion)
+        mask += [int(imitate)] * len(completion)
         end = chat.turn_end_ids("stop")
         ids += end
         mask += [0] * len(end)
@@ -144,10 +157,20 @@ def demonstration_trajectory(env_spec: EnvSpec, policy: Any, seed: int) -> Traje
     return Trajectory(ids, mask, [0.0] * len(ids), images, record, group=0, policy_version=-1)
 
 
-def demonstration_trajectories(env_spec: EnvSpec, policy: Any, seeds: Iterable[int]) -> list[Trajectory]:
+def demonstration_trajectories(env_spec: EnvSpec, policy: Any, seeds: Iterable[int],
+                               recovery_share: float = 0.0, rng: Any = None) -> list[Trajectory]:
     """``demonstration_trajectory`` of each seed, in order, leaving out the seeds whose demonstration
-    does not solve the task within the env's budget (so the list may be shorter than ``seeds``)."""
-    return [d for d in (demonstration_trajectory(env_spec, policy, s) for s in seeds) if d is not None]
+    does not solve the task within the env's budget (so the list may be shorter than ``seeds``).
+
+    With ``recovery_share`` > 0, each seed's is a recovery demonstration with that probability, drawn (the coin and
+    the mistake) with ``rng``, a numpy Generator (required then)."""
+    out = []
+    for s in seeds:
+        recovery = recovery_share > 0 and float(rng.random()) < recovery_share
+        d = demonstration_trajectory(env_spec, policy, s, recovery_rng=rng if recovery else None)
+        if d is not None:
+            out.append(d)
+    return out
 
 
 _LOG_HALF = math.log(0.5)  # a token with logprob above this is the greedy (argmax) choice
@@ -235,6 +258,11 @@ def train_sft(
     sampler = training_sampler(env_spec, cfg.seed)
     val_seeds = sampler.sample(cfg.val_tasks)
     streaming = cfg.num_demos == 0
+    if cfg.recovery_share > 0 and not isinstance(env_spec, SupportsRecoveryDemonstrations):
+        raise ValueError(f"sft.recovery_share={cfg.recovery_share} needs an env with recovery_demonstration(seed, rng) "
+                         f"(rlkit.types.SupportsRecoveryDemonstrations; this one: {type(env_spec).__name__}); "
+                         "set sft.recovery_share=0")
+    r_rng = np.random.default_rng(cfg.seed + 2)  # draws which demonstrations are recovery ones, and their mistakes
     demos: list[Trajectory] = []
     num_drawn = 0
 
@@ -244,7 +272,7 @@ def train_sft(
         for _ in range(100):  # a few draws are skipped (shortest path longer than the budget)
             seeds = sampler.sample(n - len(out))
             num_drawn += len(seeds)
-            out += demonstration_trajectories(env_spec, policy, seeds)
+            out += demonstration_trajectories(env_spec, policy, seeds, cfg.recovery_share, r_rng)
             if len(out) >= n:
                 return out
         raise RuntimeError(
@@ -277,6 +305,8 @@ def train_sft(
         if g_sampler is not None:
             g_sampler.load_state_dict(st["grounding_sampler"])
             g_rng.bit_generator.state = st["grounding_rng"]
+        if st.get("recovery_rng") is not None:
+            r_rng.bit_generator.state = st["recovery_rng"]
         step, history, order, num_drawn = st["step"], st["history"], st["order"], st["num_drawn"]
         val_success, elapsed, resumed_at = st["val_success"], st["wall_time_s"], [*st["resumed_at"], st["step"]]
         log.info("sft: resuming %s at step %d", out_dir, step)
@@ -289,6 +319,7 @@ def train_sft(
             "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
             "grounding_sampler": None if g_sampler is None else g_sampler.state_dict(),
             "grounding_rng": None if g_rng is None else g_rng.bit_generator.state,
+            "recovery_rng": r_rng.bit_generator.state,
             "step": step, "history": history, "order": order, "num_drawn": num_drawn, "val_success": val_success,
             "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
 

@@ -313,7 +313,7 @@ def _job_warm_start(job: WarmStartJob, start: str | None, progress: Any) -> str:
     sft_key = sft_stage_config(cfg.sft)
     # the greedy validation that decides where a stage stops decodes with these
     decoding = {"max_new_tokens": int(cfg.rollout.max_new_tokens), "stop": list(job.stop or [])}
-    prompt = prompt_fingerprint(job.env_spec)  # the demonstrations answer this prompt (code, not config)
+    prompt = _prompt(job, stages[0])  # the demonstrations answer this prompt (code, not config)
     label = "" if len(stages) == 1 else f" stage 1/{len(stages)}"
     if start is not None:
         if cfg.grounding.enabled:
@@ -335,12 +335,19 @@ def _job_warm_start(job: WarmStartJob, start: str | None, progress: Any) -> str:
     for i, stage in enumerate(stages[1:], start=2):
         # keyed as the job `policy.path=<previous stage> ~policy.tiny sft.<stage keys>` keys its warm start
         policy = chained_policy(job, out_dir)
-        inputs = cache_key_inputs(_with_mixed_tasks(job, sft_stage_config(stage)), cfg.env, policy, decoding, prompt)
+        inputs = cache_key_inputs(_with_mixed_tasks(job, sft_stage_config(stage)), cfg.env, policy, decoding,
+                                  _prompt(job, stage))
         label = f" stage {i}/{len(stages)} (sft.stages[{i - 2}])"
         out_dir = _sft_stage(job, Path(cfg.paths.cache_dir) / "sft" / cache_key_of(inputs), str(out_dir),
                              SFTConfig(**stage), progress, label=label, policy_cfg=policy,
                              build={"stage": f"sft{label}", "start": str(out_dir), "inputs": inputs})
     return str(out_dir)
+
+
+def _prompt(job: WarmStartJob, stage: dict[str, Any]) -> str:
+    """The prompt fingerprint a warm-start stage is keyed by: with its recovery demonstrations' when it learns
+    them (sft.recovery_share > 0), so a stage without them keys as before they existed."""
+    return prompt_fingerprint(job.env_spec, recovery=bool(stage.get("recovery_share")))
 
 
 def _sft_stage(job: WarmStartJob, out_dir: Path, base_path: str | None, sft_cfg: SFTConfig, progress: Any,

@@ -218,3 +218,26 @@ def test_overlong_filtering_leaves_length_cut_samples_out_of_the_loss(policy, pl
         t.num_truncated_turns = 1
     g, metrics = _captured_grad(policy, all_cut, adv, AlgorithmConfig(overlong_filtering=True))
     assert g is None and metrics == {"policy/skipped": 1.0}
+
+
+def test_a_recovery_demonstration_learns_every_turn_but_its_mistake(policy):
+    """sft.recovery_share's trajectories: the mistake's tokens are in the context (the policy sees what it did and
+    the env's answer) with loss mask 0; every other turn's answer is learned, in order."""
+    import numpy as np
+
+    from envs.visgym import VisGymMaze
+
+    env = VisGymMaze(variant="small", mode="interactive", parser="tuple", max_turns=17)
+    chat = policy.chat
+    turns = env.recovery_demonstration(4, np.random.default_rng(0))
+    t = demonstration_trajectory(env, policy, seed=4, recovery_rng=np.random.default_rng(0))
+    assert t is not None and t.episode.success
+    learned = [tok for tok, m in zip(t.input_ids, t.loss_mask) if m]
+    assert learned == [tok for text, imitate in turns if imitate for tok in chat.completion_ids(text)]
+    mistake = chat.completion_ids(next(text for text, imitate in turns if not imitate))
+    starts = [i for i in range(len(t.input_ids)) if t.input_ids[i:i + len(mistake)] == mistake]
+    assert any(not any(t.loss_mask[i:i + len(mistake)]) for i in starts)  # in the context, not learned
+    assert len(t.image_inputs) == len(turns)  # one picture per turn, the mistake's outcome included
+    # a demonstration too long for the turn budget is skipped, as a plain one is
+    short = VisGymMaze(variant="small", mode="interactive", parser="tuple", max_turns=len(turns) - 1)
+    assert demonstration_trajectory(short, policy, seed=4, recovery_rng=np.random.default_rng(0)) is None

@@ -314,3 +314,49 @@ def test_twin_seeds_draw_the_turned_and_mirrored_images_of_each_eval_maze():
     assert small.twin_seeds(1) == {s: [] for s in small.seeds}
     with pytest.raises(ValueError, match="seed_limit"):
         small.twin_seeds(0)
+
+
+@pytest.mark.parametrize("wall_move", ["stay", "fail"])
+@pytest.mark.parametrize("parser", ["tuple", "keyword"])
+def test_recovery_demonstrations_make_one_mistake_and_solve_from_where_it_leads(wall_move, parser):
+    """sft.recovery_share's data: one turn not imitated (a move off the solver's route), then the solver's way from
+    the cell it leads to; replayed, the episode succeeds. Under "stay" both kinds of mistake are drawn (into a wall:
+    the agent stays and the same route follows; into a side corridor: the way back), under "fail" never a wall."""
+    from envs.visgym.maze import step_position
+
+    spec = VisGymMaze(variant="small", mode="interactive", parser=parser, max_turns=40, wall_move=wall_move)
+    rng = np.random.default_rng(5)
+    kinds = set()
+    for seed in range(40):
+        turns = spec.recovery_demonstration(seed, rng)
+        texts, imitate = [t for t, _ in turns], [i for _, i in turns]
+        maze_map, start, goal = generate_maze(seed, 7)
+        route = solve_moves(maze_map, start, goal)
+        assert imitate.count(False) == 1
+        k = imitate.index(False)
+        assert texts[:k] == spec.demonstration(seed)[:k]  # the solver's route up to the mistake
+        env, outs = _run(spec, seed, texts)
+        assert env.success() and len(outs) == len(texts)
+        assert not any(o.info["hit_wall"] for o in outs)  # "fail" never draws a wall; "stay" reports none
+        here = tuple(outs[k - 1].info["agent"]) if k else start
+        after = tuple(outs[k].info["agent"])
+        assert _move_of(texts[k], parser) != route[k]  # a move the solver does not make here
+        assert after == step_position(maze_map, here, _move_of(texts[k], parser))
+        rest = solve_moves(maze_map, after, goal)
+        assert len(texts) == k + 1 + len(rest) + 1  # then the shortest way on from there, and stop
+        kinds.add("wall" if after == here else "corridor")
+    assert kinds == ({"wall", "corridor"} if wall_move == "stay" else {"corridor"})
+    # the same generator state draws the same demonstrations
+    again = [spec.recovery_demonstration(3, np.random.default_rng(1)) for _ in range(2)]
+    assert again[0] == again[1]
+
+
+def _move_of(text: str, parser: str) -> int:
+    from envs.visgym.parsers import make_parser
+
+    return make_parser(parser).parse_with_reason(text)[0].actions[0]
+
+
+def test_recovery_demonstrations_need_interactive_mode():
+    with pytest.raises(ValueError, match="env.mode=interactive"):
+        VisGymMaze(mode="plan", parser="plan").recovery_demonstration(0, np.random.default_rng(0))

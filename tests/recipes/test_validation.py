@@ -164,3 +164,20 @@ def test_rollout_engine_vllm_refuses_what_vllm_cannot_sample_faithfully(monkeypa
     assert config_problems(_cfg("rollout.engine=vllm", "policy.lora.include_vision=true",
                                 "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,qkv,linear_fc1]")) == []
     assert config_problems(_cfg("rollout.engine=rlkit", "rollout.top_k=5")) == []  # rlkit's engine: all of it
+
+
+def test_recovery_demonstrations_need_an_env_that_draws_them_and_a_later_turn():
+    from envs.visgym import VisGymMaze
+
+    base = ("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0")
+    (problem,) = capability_problems(_cfg(*base, "sft.recovery_share=0.5"), WithDemonstrations())
+    assert "SupportsRecoveryDemonstrations" in problem and "set sft.recovery_share=0" in problem
+    # a later stage that draws them is checked too
+    (problem,) = capability_problems(_cfg(*base, "+sft.stages=[{recovery_share: 0.25}]"), WithDemonstrations())
+    assert "sft.recovery_share=0.25" in problem
+    plan = VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)
+    (problem,) = capability_problems(_cfg(*base, "sft.recovery_share=0.5"), plan)
+    assert "multi-turn" in problem and "env.mode=interactive" in problem
+    interactive = VisGymMaze(variant="small", mode="interactive", parser="tuple", max_turns=17)
+    assert capability_problems(_cfg(*base, "sft.recovery_share=0.5"), interactive) == []
+    assert capability_problems(_cfg(*base, "sft.recovery_share=0"), WithDemonstrations()) == []

@@ -107,3 +107,45 @@ def test_a_checkpoint_overwritten_in_place_with_same_size_weights_keys_anew(tmp_
     (ckpt / "model.safetensors").write_bytes(bytes(shard))
     assert sft_cache_key(SFT, ENV, _policy(path=str(ckpt))) != key
     assert rlkit.stages.cache.checkpoint_fingerprint(ckpt) == rlkit.stages.cache.checkpoint_fingerprint(ckpt)  # stable
+
+
+def test_recovery_share_off_keys_as_before_the_option_existed():
+    from rlkit.stages.sft import sft_stage_config
+
+    before = sft_cache_key(SFT, ENV, _policy())
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"recovery_share": 0.0})), ENV, _policy()) == before
+    assert sft_cache_key(sft_stage_config(OmegaConf.merge(SFT, {"recovery_share": 0.5})), ENV, _policy()) != before
+
+
+def test_the_prompt_fingerprint_hashes_the_recovery_demonstrations_only_when_a_stage_learns_them(monkeypatch):
+    """A stage with sft.recovery_share > 0 is keyed by the env's recovery code too (a change to how mistakes are drawn
+    rebuilds it); one without keys as before recovery demonstrations existed."""
+    import envs.visgym.spec as spec_mod
+    from envs.visgym import VisGymMaze
+    from rlkit.stages.cache import prompt_fingerprint
+
+    env = VisGymMaze(variant="small", mode="interactive", parser="tuple", max_turns=17)
+    plain, recovery = prompt_fingerprint(env), prompt_fingerprint(env, recovery=True)
+    assert plain != recovery
+    real = spec_mod.recovery_texts
+    monkeypatch.setattr(spec_mod, "recovery_texts",
+                        lambda *a, **k: [(text, True) for text, _ in real(*a, **k)])  # the mistake learned too
+    assert prompt_fingerprint(env) == plain and prompt_fingerprint(env, recovery=True) != recovery
+    with pytest.raises(TypeError, match="recovery_share=0"):
+        prompt_fingerprint(_NoRecovery(env), recovery=True)
+
+
+class _NoRecovery:
+    """An env spec with demonstrations and no recovery_demonstration."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def make(self):
+        return self._env.make()
+
+    def eval_seeds(self):
+        return self._env.eval_seeds()
+
+    def demonstration(self, seed):
+        return self._env.demonstration(seed)
