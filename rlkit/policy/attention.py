@@ -11,8 +11,9 @@ So on CPU the policy registers ``rlkit_sdpa``: a causal self-attention call (the
 vision tower is not causal) whose score matrix is small (queries x keys <= ``MAX_SCORES`` per head)
 runs as ``softmax(q k^T * scale + mask) v``, with autograd when training: the two products in the
 inputs' dtype and the softmax in float32, as transformers' "eager" attention computes it. A long causal call
-whose mask is a training batch's (causal after a shared prefix, right padding) runs PyTorch's flash kernel with
-``is_causal=True`` and no mask, which skips the masked score blocks the kernel computes when given the mask.
+whose mask is a training batch's (causal after a shared prefix shorter than the call's own queries, right padding)
+runs PyTorch's flash kernel with ``is_causal=True`` and no mask, which skips the masked score blocks the kernel
+computes when given the mask.
 Everything else (other long sequences, where the score matrices the backward keeps grow with the square of the
 length; the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
 "sdpa"; without one, causality follows ``scaled_dot_product_attention(is_causal=True)`` (query i sees
@@ -52,12 +53,16 @@ def small_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     Returns:
         (output [B, Q, H, D] in ``value``'s dtype, None), as transformers' ``sdpa_attention_forward``,
         which takes every call that is not causal, has dropout, or has Q x L > ``MAX_SCORES`` with a mask other
-        than a training batch's (those run ``_causal_flash``; a padding row's output then differs, unread).
+        than a training batch's (those run ``_causal_flash``; a padding row's output then differs, unread). A long
+        call whose L - Q earlier keys outnumber its Q queries (a multi-turn rollout's new turn prefilled after the
+        conversation's KV cache) takes "sdpa" with its mask too: ``_causal_flash`` computes about L x L / 2 scores
+        there (it runs the prefix as zero query rows), the masked kernel Q x L.
     """
     b, h, q_len, d = query.shape
     kvh, length = key.shape[1], key.shape[2]
     causal = getattr(module, "is_causal", False) if is_causal is None else is_causal
-    if causal and not dropout and q_len * length > MAX_SCORES and _right_padded_causal(attention_mask, q_len, length):
+    if causal and not dropout and q_len * length > MAX_SCORES and length < 2 * q_len \
+            and _right_padded_causal(attention_mask, q_len, length):
         return _causal_flash(query, key, value, scaling), None
     if dropout or not causal or q_len * length > MAX_SCORES:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -199,3 +199,32 @@ def test_other_long_masks_fall_back_to_sdpa():
     top_left = torch.ones(q_len, length, dtype=torch.bool).tril().expand(b, 1, q_len, length).clone()
     for bad in (left, hole, top_left, mask.float(), None):
         assert not _right_padded_causal(bad, q_len, length)
+
+
+def test_a_new_turn_after_a_long_kv_cache_takes_the_masked_kernel(monkeypatch):
+    """A multi-turn rollout prefills a turn's Q new tokens after its conversation's L - Q cached keys, with a mask of
+    the training batch's shape when no row is padded. The causal kernel would run the L - Q cached keys as zero query
+    rows (about L x L / 2 scores for Q x L real ones): with more cached keys than queries the call takes transformers'
+    masked sdpa, with the same outputs."""
+    import rlkit.policy.attention as attention_mod
+
+    b, h, kvh, d = 2, 4, 2, 16
+    q_len, length = 120, 1200  # a turn's picture and text after ten turns of history
+    mask = _right_padded_mask(b, q_len, length, [length, length])
+    assert attention_mod._right_padded_causal(mask, q_len, length)
+    taken = {"sdpa": 0, "causal": 0}
+    real_sdpa, real_causal = attention_mod.sdpa_attention_forward, attention_mod._causal_flash
+    monkeypatch.setattr(attention_mod, "sdpa_attention_forward",
+                        lambda *a, **k: taken.__setitem__("sdpa", taken["sdpa"] + 1) or real_sdpa(*a, **k))
+    monkeypatch.setattr(attention_mod, "_causal_flash",
+                        lambda *a, **k: taken.__setitem__("causal", taken["causal"] + 1) or real_causal(*a, **k))
+    q, k, v = _qkv(b, h, kvh, q_len, length, d, torch.float32, seed=3)
+    out, _ = small_attention(_Attn(h // kvh), q, k, v, mask)
+    assert taken == {"sdpa": 1, "causal": 0}
+    assert torch.allclose(out, real_causal(q, k, v, None), atol=1e-5)  # the same attention, computed cheaper
+    # the training batch's own shape (a shared prompt shorter than the completions) still takes the causal kernel
+    q_len2 = 400
+    mask2 = _right_padded_mask(b, q_len2, q_len2 + 150, [q_len2 + 150, q_len2 + 100])
+    q2, k2, v2 = _qkv(b, h, kvh, q_len2, q_len2 + 150, d, torch.float32, seed=4)
+    small_attention(_Attn(h // kvh), q2, k2, v2, mask2)
+    assert taken == {"sdpa": 1, "causal": 1}
