@@ -103,7 +103,7 @@ def recovery_texts(variant: str, parser: str, seed: int, rng: Any, wall_move: st
     that is not itself imitated is DART's recovery data (Laskey et al. 2017, "DART: Noise injection for robust
     imitation learning"): the states a policy reaches after its own errors, which the solver alone never shows.
 
-    Raises: ValueError for an unknown variant or a wall_move other than "stay" / "fail".
+    Raises: KeyError for a variant not in ``VARIANT_SIZES``; ValueError for a wall_move other than "stay" / "fail".
     """
     if wall_move not in WALL_MOVES:
         raise ValueError(f"wall_move must be one of {WALL_MOVES}, got {wall_move!r}")

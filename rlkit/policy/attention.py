@@ -13,9 +13,8 @@ runs as ``softmax(q k^T * scale + mask) v``, with autograd when training: the tw
 inputs' dtype and the softmax in float32, as transformers' "eager" attention computes it. A long causal call
 whose mask is a training batch's (causal after a shared prefix shorter than the call's own queries, right padding)
 runs PyTorch's flash kernel with ``is_causal=True`` and no mask, which skips the masked score blocks the kernel
-computes when given the mask.
-Everything else (other long sequences, where the score matrices the backward keeps grow with the square of the
-length; the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
+computes when given the mask. Everything else (other long sequences, where the score matrices the backward keeps
+grow with the square of the length; the vision tower; dropout) calls transformers' own "sdpa" function unchanged. Masks are built as for
 "sdpa"; without one, causality follows ``scaled_dot_product_attention(is_causal=True)`` (query i sees
 keys 0..i).
 
