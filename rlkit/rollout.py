@@ -10,6 +10,13 @@ episode keeps the KV state its last turn left (``engine.generate_cached``), so a
 prefills only its new tokens and image; the state is dropped as soon as the episode ends. Same
 tokens and logprobs as re-prefilling the conversation every turn (within float32 rounding).
 
+Random draws: every engine call draws from a fresh generator seeded with ``sampling.seed`` (rlkit's engine and
+the vLLM worker alike), so turn ``t >= 1`` of a rollout samples with ``turn_seed(sampling.seed, t)``, a seed of
+its own derived from the step's seed and the turn. Without it every turn of an episode would draw the same
+uniforms at the same token positions (the same quantile of the policy's distribution each turn). Turn 0 keeps
+``sampling.seed``, so one-turn (plan-mode) rollouts sample exactly as before; a rerun or a resume with the same
+seed draws the same noise.
+
 Trajectories are built token by token and never re-tokenized: the ids the policy sampled are the ids
 the update trains on, and the loss mask is 1 exactly on them (user messages, images, chat-template
 glue and padding are 0). This is what lets the sampling logprobs serve as the "old" logprobs of the
@@ -139,22 +146,25 @@ def rollout(
     completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
     _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
 
-    # Later turns: each live episode has its own history.
+    # Later turns: each live episode has its own history, and each turn its own draws.
+    turn = 0
     while True:
         active = [i for i, ep in enumerate(live) if not ep.done]
         if not active:
             break
+        turn += 1
+        turn_sampling = _with_n(replace(sampling, seed=turn_seed(sampling.seed, turn)), 1)
         prompts = [
             PromptInput(input_ids=list(live[i].ids), images=list(live[i].sources), **chat.concat_images(live[i].images))
             for i in active
         ]
         if reuse_kv:
-            outs, states = engine.generate_cached(prompts, _with_n(sampling, 1), [live[i].kv for i in active])
+            outs, states = engine.generate_cached(prompts, turn_sampling, [live[i].kv for i in active])
             for i, per_prompt in zip(active, states):
                 live[i].kv = per_prompt[0]
             del states
         else:
-            outs = engine.generate(prompts, _with_n(sampling, 1))
+            outs = engine.generate(prompts, turn_sampling)
         _apply(live, active, [o[0] for o in outs], chat, env_spec.max_turns)
 
     trajectories = []
@@ -180,6 +190,22 @@ def rollout(
             )
         )
     return trajectories
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of turn ``turn`` (0-based) of a rollout whose calls share ``seed``.
+
+    Turn 0 keeps ``seed``; a later turn gets a 63-bit seed hashed from (seed, turn) by NumPy's SeedSequence
+    (its documented mixing of an entropy pool), so turns neither repeat each other's draws nor land on a nearby
+    step's or rollout worker's seed (those are ``seed + k``: rlkit.sampling.step, rlkit.distributed.cluster).
+    ``None`` (fresh randomness) stays None. Raises nothing for any int seed (negative ones are taken mod 2**64).
+    """
+    if seed is None or turn == 0:
+        return seed
+    import numpy as np
+
+    state = np.random.SeedSequence([int(seed) % 2**64, int(turn)]).generate_state(1, np.uint64)
+    return int(state[0]) >> 1
 
 
 def _with_n(sampling: Any, n: int) -> Any:

@@ -241,3 +241,46 @@ def test_a_recovery_demonstration_learns_every_turn_but_its_mistake(policy):
     # a demonstration too long for the turn budget is skipped, as a plain one is
     short = VisGymMaze(variant="small", mode="interactive", parser="tuple", max_turns=len(turns) - 1)
     assert demonstration_trajectory(short, policy, seed=4, recovery_rng=np.random.default_rng(0)) is None
+
+
+def test_consecutive_turns_draw_independent_tokens(policy, interactive_env):
+    """Under a policy whose next-token distribution ignores its context (the final norm zeroed: every logit 0,
+    uniform over the vocabulary), turn t and turn t+1 of one episode are independent draws: position k of
+    the two completions agrees by chance alone (~1/V). Each engine call reseeds its generator with the
+    call's seed, so before rlkit.rollout.turn_seed every later turn repeated the previous turn's draws
+    (all positions equal)."""
+    with torch.no_grad():
+        policy.model.get_submodule("base_model.model.model.language_model.norm").weight.zero_()
+    engine = make_engine(policy)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    trajs = rollout(interactive_env, policy, engine, seeds=[100, 101], group_size=2, sampling=sampling,
+                    policy_version=0)
+    equal = total = 0
+    for t in trajs:
+        spans, cur = [], []
+        for tok, m in zip(t.input_ids, t.loss_mask):
+            if m:
+                cur.append(tok)
+            elif cur:
+                spans.append(cur)
+                cur = []
+        assert len(spans) == len(t.episode.turns) == 3  # uniform junk never ends an episode early
+        for a, b in zip(spans[1:], spans[2:]):
+            equal += sum(x == y for x, y in zip(a, b))
+            total += min(len(a), len(b))
+    assert total >= 24
+    assert equal <= 2, f"{equal} of {total} token positions repeat between consecutive turns"
+    # and the draws are still reproducible from the seed
+    again = rollout(interactive_env, policy, engine, seeds=[100, 101], group_size=2, sampling=sampling,
+                    policy_version=0)
+    assert [t.input_ids for t in again] == [t.input_ids for t in trajs]
+
+
+def test_turn_seed_keeps_turn_zero_and_spreads_later_turns():
+    from rlkit.rollout import turn_seed
+
+    assert turn_seed(7, 0) == 7 and turn_seed(None, 3) is None
+    later = {turn_seed(s, t) for s in range(50) for t in range(1, 20)}
+    assert len(later) == 50 * 19  # no two (seed, turn) pairs share a seed
+    assert all(0 <= x < 2**63 for x in later) and not later & set(range(100))  # not a nearby step's seed
+    assert turn_seed(-5, 2) == turn_seed(2**64 - 5, 2)
