@@ -270,8 +270,30 @@ class ModelHost:
             return self.engine.generate([prompt], sampling)[0]
 
 
+def _restore_file_values(model, spec: AdapterSpec, internal: str) -> None:
+    """Give every live LoRA tensor of ``internal`` the file's values, in the dtype the tensor is kept in.
+
+    PEFT (0.18) builds a second adapter's LoRA layers in the base model's dtype, copies the file into them and only
+    then up-casts them to float32 (``autocast_adapter_dtype``): on a bfloat16 base a float32 adapter loaded second
+    is served rounded to bfloat16, while the first one (``PeftModel.from_pretrained``) is exact. The LoRA forward
+    computes in the LoRA weights' dtype, so this copy makes every adapter serve the values it was trained to, in
+    whichever order it was loaded. Tensors that match no live parameter are left to ``_verify_loaded`` to refuse.
+    """
+    import torch
+    from peft.utils import load_peft_weights
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, tensor in load_peft_weights(str(spec.path), device="cpu").items():
+            p = params.get(live_key(key, internal))
+            if p is not None and p.shape == tensor.shape:
+                p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+
+
 def _verify_loaded(model, spec: AdapterSpec, internal: str):
-    """Check that every tensor of the adapter file is live under ``internal`` and equal to the file."""
+    """Check that every tensor of the adapter file is live under ``internal`` and equal to the file in the dtype the
+    live tensor computes in (a float32 file on a bfloat16 LoRA layer is compared rounded to bfloat16, and the
+    reverse exactly). Raises AdapterError naming the tensor."""
     import torch
     from peft.utils import load_peft_weights
 
@@ -354,6 +376,7 @@ def load_host(
             except (ValueError, RuntimeError, KeyError, OSError) as e:
                 raise AdapterError(f"adapter {spec.name} ({spec.path}) does not load onto base {policy.checkpoint}: "
                                    f"{type(e).__name__}: {e}") from e
+            _restore_file_values(model, spec, internal)
             served[spec.name] = ServedAdapter(spec, internal, _verify_loaded(model, spec, internal))
         model.requires_grad_(False)
         model.eval()

@@ -117,3 +117,29 @@ def test_a_run_composes_with_the_env_it_ran(tmp_path):
     assert cfg.env.variant == "easy" and cfg.policy.tiny.image_max_pixels == 72 * 72
     assert compose(["env=visgym_small"], run_dir=run).env.variant == "small"  # the caller's choice wins
     assert compose([]).env.variant == "small"  # no run: today's default
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_adapter_serves_its_file_values_whatever_the_base_dtype(base_dir, adapters, dtype):
+    """Two float32 adapters on a base in ``dtype``: each live LoRA tensor holds the file's values in the dtype it is
+    kept in, whichever adapter was loaded second. PEFT rounds a second adapter through a bfloat16 base's dtype
+    before up-casting it, which the loader undoes (the first bf16 CPU this suite ran on refused adapter b)."""
+    import torch
+    from peft.utils import load_peft_weights
+
+    from rlkit.serve.models import live_key, load_host
+
+    host = load_host({"name": "serve_test", "device": "cpu", "dtype": dtype},
+                     [parse_adapter_arg(f"a={adapters['a']}"), parse_adapter_arg(f"b={adapters['b']}")],
+                     base=str(base_dir))
+    params = dict(host.policy.model.named_parameters())
+    assert next(p for n, p in params.items() if "lora_" not in n).dtype == getattr(torch, dtype)
+    for name in ("a", "b"):
+        internal = host.adapters[name].internal
+        state = load_peft_weights(str(adapters[name]), device="cpu")
+        assert len(state) > 0
+        for key, tensor in state.items():
+            live = params[live_key(key, internal)]
+            assert torch.equal(live.detach(), tensor.to(live.dtype)), (name, key)
+            if live.dtype == torch.float32:  # kept in float32 (PEFT's autocast): not rounded on the way in
+                assert torch.equal(live.detach(), tensor)
