@@ -32,8 +32,10 @@ What crosses and how it maps to rlkit's engine (rlkit.policy.engine.Transformers
   first prompt (``probe_tokens`` tokens) to the same vLLM batch and compares it with rlkit's own engine on the policy,
   which holds the same weights (the caller keeps them equal: the local executor samples the version it just
   published from its own weights, a Ray rollout worker loads every version into its policy too): the greedy tokens
-  must be equal and, in float32, their logprobs within rlkit.serve.vllm_probe.FLOAT32_LOGPROB_ATOL; otherwise
-  ``ProbeMismatch``. ``last_probe`` keeps the last comparison's largest difference.
+  must be equal and their logprobs within rlkit.serve.vllm_probe.logprob_atol_for(dtype) (1e-4 in float32, 0.1 in
+  bf16, where a near tie may also flip a greedy token; its continuation is then scored by rlkit, teacher-forced);
+  otherwise ``ProbeMismatch``. ``last_probe`` keeps the last comparison's largest difference. The probe runs in
+  every dtype.
 - **Multi-turn.** No KV state crosses the pipe (``reuse_kv = False``): every turn sends the whole conversation (its
   ids and all its images), and vLLM's automatic prefix caching (on with ``rollout.reuse_kv_cache=true``) reuses the
   KV blocks of the conversation so far; as with rlkit's kept caches, the same tokens and logprobs as a full
@@ -160,8 +162,9 @@ class VllmEngine:
             and its own engine answers the probe.
         max_images: images per prompt vLLM must accept (``max_images_for(env_spec)``).
         threads: OpenMP threads of the vLLM process. prefix_caching: vLLM's automatic prefix caching
-            (``rollout.reuse_kv_cache``). probe: compare with rlkit's engine after each load (None: in float32 only;
-            in bf16 two kernels' rounding flips near-tied greedy tokens). probe_tokens: greedy tokens of the probe.
+            (``rollout.reuse_kv_cache``). probe: compare with rlkit's engine after each load (None: yes, in every dtype;
+            in bf16/fp16 with a bf16 tolerance and near ties allowed: rlkit.serve.vllm_probe). probe_tokens: greedy
+            tokens of the probe.
         log_path: where vLLM's output goes (None: a file under the temp dir). python: vLLM's interpreter
             (None: ``vllm_python()``). start_timeout_s: longest wait for the engine to be ready (seconds).
 
@@ -195,7 +198,7 @@ class VllmEngine:
                 "policy.lora.target_modules without 'proj' (it also matches the Conv3d visual.patch_embed.proj)")
         self.lora_rank = vllm_lora_rank(int(peft_cfg.r)) if peft_cfg is not None else 8
         self.vision_lora = any("visual." in n for n in names)
-        self.probe = (self.dtype == "float32") if probe is None else bool(probe)
+        self.probe = True if probe is None else bool(probe)
         self.probe_tokens = int(probe_tokens)
         python = Path(python) if python is not None else vllm_python()
         if not python.is_file():
@@ -412,7 +415,7 @@ class VllmEngine:
 
     def _check_probe(self, prompt: PromptInput, got: dict) -> None:
         from rlkit.policy.engine import TransformersEngine
-        from rlkit.serve.vllm_probe import FLOAT32_LOGPROB_ATOL, ProbeAnswer, compare_probe
+        from rlkit.serve.vllm_probe import ProbeAnswer, compare_probe, logprob_atol_for, near_ties_allowed
 
         if self._reference is None:
             self._reference = TransformersEngine(self.policy, reuse_kv=False, share_prompt_prefix=False)
@@ -422,9 +425,28 @@ class VllmEngine:
         what = "the base" if self.adapter_info is None else f"adapter version {version}"
         worst = compare_probe(f"{what} (rollout.engine=vllm)", ProbeAnswer(None, list(ref.token_ids), list(ref.logprobs)),
                               ProbeAnswer(None, list(got["token_ids"]), list(got["logprobs"])),
-                              FLOAT32_LOGPROB_ATOL if self.dtype == "float32" else None)
+                              logprob_atol_for(self.dtype), allow_near_ties=near_ties_allowed(self.dtype),
+                              rescore=lambda tokens: self._rescore(prompt, tokens))
         self._probe_pending = False
         self.last_probe = {"max_logprob_diff": worst, "tokens": len(ref.token_ids)}
+
+    def _rescore(self, prompt: PromptInput, tokens: list[int]) -> list[float]:
+        """rlkit's logprobs of ``tokens`` as the continuation of ``prompt`` (teacher-forced, the training forward):
+        one float per token, as the probe compares them with vLLM's."""
+        import torch
+
+        n = len(prompt.input_ids)
+        seq = PromptInput(input_ids=[int(t) for t in prompt.input_ids] + [int(t) for t in tokens],
+                          pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw)
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                lp, _ = self.policy.logprobs([seq], temperature=1.0, with_entropy=False)
+        finally:
+            model.train(was_training)
+        return [float(x) for x in lp[0, n : n + len(tokens)]]
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

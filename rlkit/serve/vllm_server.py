@@ -144,6 +144,7 @@ def run(launch: VllmLaunch, compute_expected, start_timeout_s: float, api_key: s
         ProbeMismatch,
         compare_probe,
         logprob_atol_for,
+        near_ties_allowed,
         server_probe,
     )
 
@@ -164,8 +165,9 @@ def run(launch: VllmLaunch, compute_expected, start_timeout_s: float, api_key: s
             worst = 0.0
             for name in launch.probe_names:
                 got = server_probe(launch.url + "/v1", name, messages, max_tokens, allowed=allowed, api_key=api_key)
-                worst = max(worst, compare_probe(f"{name} (vLLM at {launch.url})", answers[name], got, atol))
-            detail = f"largest logprob difference {worst:.2g}" if atol is not None else f"tokens only ({launch.dtype})"
+                worst = max(worst, compare_probe(f"{name} (vLLM at {launch.url})", answers[name], got, atol,
+                                                 allow_near_ties=near_ties_allowed(launch.dtype)))
+            detail = f"largest logprob difference {worst:.2g}, tolerance {atol:g} in {launch.dtype}"
             note = f"probe: {len(launch.probe_names)} model(s) answer as rlkit's engine, {detail}"
         log(f"[rlkit] vLLM serving {', '.join(launch.probe_names)} on {launch.url}/v1 (ready after {waited:.0f} s; "
             f"{note})", flush=True)

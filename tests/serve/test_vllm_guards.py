@@ -113,4 +113,45 @@ def test_probe_comparison_names_what_differs():
     moved = ProbeAnswer([1, 2, 3], [5, 6, 7], [-0.5, -1.0, -2.04])
     with pytest.raises(ProbeMismatch, match="logprobs differ by up to 0.04"):
         compare_probe("m", ref, moved, logprob_atol_for("float32"))
-    assert logprob_atol_for("bfloat16") is None and compare_probe("m", ref, moved, None) == 0.0
+    assert compare_probe("m", ref, moved, None) == 0.0  # tokens only
+    assert compare_probe("m", ref, moved, logprob_atol_for("bfloat16")) == pytest.approx(0.04)  # within bf16's
+
+
+def test_bf16_probe_accepts_a_near_tie_and_refuses_a_real_difference():
+    from rlkit.serve.vllm_probe import (
+        ProbeAnswer,
+        ProbeMismatch,
+        compare_probe,
+        logprob_atol_for,
+        near_ties_allowed,
+    )
+
+    atol = logprob_atol_for("bfloat16")
+    assert atol > logprob_atol_for("float32") and near_ties_allowed("bfloat16") and not near_ties_allowed("float32")
+    ref = ProbeAnswer([1, 2], [5, 6, 7], [-0.10, -0.70, -0.30])
+    # vLLM picks 8 at position 1 where rlkit's top two are nearly tied (rlkit scores 8 at -0.71), then goes on
+    tie = ProbeAnswer([1, 2], [5, 8, 9], [-0.11, -0.69, -0.50])
+    scored = {(5, 8, 9): [-0.10, -0.71, -0.52]}
+    calls = []
+
+    def rescore(tokens):
+        calls.append(tuple(tokens))
+        return scored[tuple(tokens)]
+
+    assert compare_probe("m", ref, tie, atol, allow_near_ties=True, rescore=rescore) == pytest.approx(0.02)
+    assert calls == [(5, 8, 9)]
+    # without rescoring, positions after the tie are not compared
+    assert compare_probe("m", ref, tie, atol, allow_near_ties=True) == pytest.approx(0.01)
+    # float32 never accepts a parting
+    with pytest.raises(ProbeMismatch, match="position 1"):
+        compare_probe("m", ref, tie, logprob_atol_for("float32"), allow_near_ties=False, rescore=rescore)
+    # not a tie: rlkit gives vLLM's pick far less than its own top choice
+    with pytest.raises(ProbeMismatch, match="position 1"):
+        compare_probe("m", ref, tie, atol, allow_near_ties=True, rescore=lambda t: [-0.10, -3.0, -0.52])
+    # not a tie: vLLM's own top logprob is far from rlkit's (another model)
+    far = ProbeAnswer([1, 2], [5, 8, 9], [-0.10, -2.5, -0.50])
+    with pytest.raises(ProbeMismatch, match="position 1"):
+        compare_probe("m", ref, far, atol, allow_near_ties=True, rescore=rescore)
+    # after the tie, vLLM's logprobs must be rlkit's for the same tokens
+    with pytest.raises(ProbeMismatch, match="token 2"):
+        compare_probe("m", ref, tie, atol, allow_near_ties=True, rescore=lambda t: [-0.10, -0.71, -0.9])

@@ -91,7 +91,7 @@ def test_smoke_run_samples_with_vllm_and_its_greedy_eval_equals_rlkits_engine(tm
     env = _env(tmp_path)
     proc = subprocess.run(
         [str(RLKIT_PYTHON), "train.py", "experiment=smoke", "rollout.engine=vllm", "policy.lora.include_vision=false",
-         "backend=native", "logger=console", "eval.num_tasks=8", f"hydra.run.dir={run}"],
+         "backend=native", "logger=console", "eval.num_tasks=8", "policy.dtype=float32", f"hydra.run.dir={run}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     said = proc.stdout + proc.stderr
@@ -117,3 +117,24 @@ def test_smoke_run_samples_with_vllm_and_its_greedy_eval_equals_rlkits_engine(tm
     ours = json.loads(mine.read_text())
     assert len(theirs["tasks"]) == 8 and theirs["tasks"] == ours["tasks"], (theirs["tasks"], ours["tasks"])
     assert theirs["metrics"]["eval/success_rate"] == ours["metrics"]["eval/success_rate"]
+
+
+def test_probe_runs_in_bf16_and_refuses_other_weights(tmp_path):
+    """The probe in bf16 (tests/vllm/rlkit_vllm_probe_dtype.py): vLLM and rlkit with the same adapter agree within
+    logprob_atol_for("bfloat16") and part only at near ties; vLLM on the base while rlkit has the adapter is refused."""
+    from rlkit.serve.vllm_probe import BF16_LOGPROB_ATOL
+    from tests.conftest import TINY_TEST_SIZES
+
+    if not RLKIT_PYTHON.is_file():
+        pytest.skip(f"rlkit's .venv is needed ({RLKIT_PYTHON}; bash scripts/setup.sh)")
+    proc = subprocess.run([str(RLKIT_PYTHON), "-m", "tests.vllm.rlkit_vllm_probe_dtype", str(tmp_path), "--sizes",
+                           json.dumps(TINY_TEST_SIZES), "--dtype", "bfloat16"], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((tmp_path / "probe.json").read_text())
+    print(f"vLLM probe in bf16: {json.dumps(r)}")
+    assert r["probe"] is not None and r["probe"]["max_logprob_diff"] < BF16_LOGPROB_ATOL
+    assert r["shared_prefix_max_logprob_diff"] < BF16_LOGPROB_ATOL
+    assert r["tokens_equal"] + len(r["partings"]) == r["prompts"] == 16
+    assert all(p["rlkit_margin"] <= BF16_LOGPROB_ATOL for p in r["partings"])  # every parting is a near tie
+    assert r["refuses_base_for_adapter"], r

@@ -51,7 +51,7 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_serve")
     out = tmp / "run"
     proc = subprocess.run([str(RLKIT_PYTHON), str(ROOT / "train.py"), "experiment=smoke", "logger=console",
-                           f"policy.lora.target_modules={TARGETS}", f"hydra.run.dir={out}"],
+                           f"policy.lora.target_modules={TARGETS}", "policy.dtype=float32", f"hydra.run.dir={out}"],
                           check=False, cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -82,8 +82,8 @@ def test_serve_engine_vllm_plays_the_runs_eval_exactly(run_dir, tmp_path):
         launched = next(line for line in text.splitlines() if line.startswith("[rlkit] starting vLLM: "))
         assert "-m vllm.entrypoints.openai.api_server --model " in launched
         assert "--enable-tower-connector-lora" in launched and "--served-model-name base" in launched
-        worst = float(re.search(r"probe: 2 model\(s\) answer as rlkit's engine, largest logprob difference (\S+)\)",
-                                text).group(1))
+        worst = float(re.search(r"probe: 2 model\(s\) answer as rlkit's engine, largest logprob difference (\S+), "
+                                r"tolerance 0.0001 in float32\)", text).group(1))
         assert worst < 1e-4
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=120)
