@@ -10,6 +10,8 @@ from rlkit.hardware import (OVERRIDE_ENV, cpu_info, native_bf16, parse_cpuinfo, 
 from rlkit.run import compose_train, policy_device_type, resolve_policy_dtype
 from rlkit.stages.cache import cache_key_inputs, sft_cache_key
 
+pytestmark = pytest.mark.dtype_sensitive
+
 AVX2 = {"fpu", "sse2", "avx", "avx2", "fma"}  # Zen 3: no AVX-512 at all
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni"}  # Ice Lake: AVX-512 without bf16
 COOPER = AVX512 | {"avx512_bf16"}

@@ -87,6 +87,7 @@ def _crash_then_resume(point, tmp_path, cache, reference):
 
 
 # a kill mid-update in the default suite; a kill right after a checkpoint with -m slow (the same check, 16 s more)
+@pytest.mark.dtype_sensitive
 @pytest.mark.parametrize("point", ["update@3", pytest.param("checkpoint@2", marks=pytest.mark.slow)])
 def test_sigkill_and_resume_is_bitwise_identical(point, tmp_path, cache, reference):
     resumed = _crash_then_resume(point, tmp_path, cache, reference)

@@ -22,6 +22,7 @@ def _run(args, tmp_path, timeout=900):
     return proc
 
 
+@pytest.mark.dtype_sensitive
 def test_smoke_run_writes_result_adapter_and_wandb(tmp_path):
     out = tmp_path / "run"
     proc = _run(["experiment=smoke", "trainer.export_interval=1", "eval.seen_tasks=3", f"hydra.run.dir={out}"],
@@ -230,6 +231,7 @@ def test_answers_longer_than_max_new_tokens_are_refused_before_the_warm_start(tm
     assert "SFT warm start: building" not in proc.stdout
 
 
+@pytest.mark.dtype_sensitive
 def test_grounding_stage_is_built_once_and_feeds_the_warm_start(tmp_path):
     """The grounding stage (on by default for tiny policies) is built and cached, SFT starts from it, a
     second run reuses both; the grounding summary holds a held-out accuracy table by task."""

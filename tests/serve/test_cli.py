@@ -119,6 +119,7 @@ def test_a_run_composes_with_the_env_it_ran(tmp_path):
     assert compose([]).env.variant == "small"  # no run: today's default
 
 
+@pytest.mark.dtype_sensitive
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_every_adapter_serves_its_file_values_whatever_the_base_dtype(base_dir, adapters, dtype):
     """Two float32 adapters on a base in ``dtype``: each live LoRA tensor holds the file's values in the dtype it is

@@ -19,6 +19,7 @@ import pytest
 from .conftest import serving
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.dtype_sensitive
 
 
 def load_script(name: str):
