@@ -110,6 +110,10 @@ class TrainerWorker:
         self.rank, self.world_size, self.spec = int(rank), int(world_size), spec
         self.policy: Any = None
 
+    def ping(self) -> int:
+        """This actor's pid: it is alive and answering (RayCluster.dead_workers)."""
+        return os.getpid()
+
     def master_address(self) -> tuple[str, int]:
         """(node IP, free port) for rank 0's TCP store."""
         from rlkit.distributed.fsdp import free_port, node_ip
@@ -277,6 +281,10 @@ class RolloutWorker:
             self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)
         self._engine_version: int | None = None
+
+    def ping(self) -> int:
+        """This actor's pid: it is alive and answering (RayCluster.dead_workers)."""
+        return os.getpid()
 
     def ready(self) -> dict[str, Any]:
         """{"index", "pid", "threads", "device"} once the policy is loaded; with vLLM once it has started too, plus
