@@ -330,15 +330,20 @@ class RayCluster:
         parts = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (demonstrations)")
         return [d for part in parts for d in part]
 
-    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
-        """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged.
+    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8, pass_k: int = 0,
+                 pass_k_sampling: Any = None) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
+        """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged; with ``pass_k`` > 0
+        also eval/pass@k (``pass_k`` samples a task with ``pass_k_sampling``, worker j's seed offset as in
+        ``worker_sampling``).
 
         Returns: (metrics, per_task rows in seed order, the first ``keep_trajectories``
-        trajectories). Merged metrics: eval/num_tasks is summed; every other metric is a mean over
-        tasks, so it is the task-weighted mean of the workers' values.
+        trajectories). Merged metrics: eval/num_tasks is summed; every other metric (pass@k too) is a
+        mean over tasks, so it is the task-weighted mean of the workers' values.
         """
         jobs = self._split(seeds)
-        refs = [self.rollouts[j].evaluate.remote(chunk, self.worker_sampling(sampling, j), int(version), keep_trajectories)
+        refs = [self.rollouts[j].evaluate.remote(
+                    chunk, self.worker_sampling(sampling, j), int(version), keep_trajectories, int(pass_k),
+                    None if pass_k_sampling is None else self.worker_sampling(pass_k_sampling, j))
                 for j, chunk in jobs]
         results = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (eval)")
         per_task: list[dict[str, Any]] = []

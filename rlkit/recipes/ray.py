@@ -15,7 +15,7 @@ result.json. What runs on workers:
   single-rank update's, the auxiliary terms included), then rank 0 publishes ``v<step>`` through
   ``paths.shared`` (rlkit.sync).
 - ``demonstrations``: the rollout workers encode the solver demonstrations.
-- ``evaluate``: the rollout workers, on version ``step``.
+- ``evaluate``: the rollout workers, on version ``step`` (eval/pass@k too with ``eval.pass_k`` > 0).
 - ``pipelined`` (``backend.one_step_off_policy``): the recipe samples step s + 1 on the rollout workers with
   version s - 1 (``sample_with``) while the ranks run step s's update.
 - ``checkpoint_state``: the optimizer state is gathered from the ranks into the shadow optimizer for the save.
@@ -217,7 +217,10 @@ class RayExecutor:
 
     def evaluate(self, seeds: list[int], greedy: Any, version: int, pass_k: int = 0, pass_k_sampling: Any = None,
                  keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
-        return self.cluster.evaluate(seeds, greedy, version=version, keep_trajectories=keep_trajectories)
+        """rlkit.evaluation.evaluate on the rollout workers with adapter ``version`` (RayCluster.evaluate), pass@k
+        included when ``pass_k`` > 0 (``pass_k_sampling``; worker j's seed offset as its rollouts')."""
+        return self.cluster.evaluate(seeds, greedy, version=version, keep_trajectories=keep_trajectories,
+                                     pass_k=pass_k, pass_k_sampling=pass_k_sampling)
 
     @contextlib.contextmanager
     def checkpoint_state(self) -> Iterator[None]:
