@@ -21,20 +21,21 @@ def main(cfg: DictConfig) -> dict:
     from rlkit.checkpoint import CheckpointError
     from rlkit.errors import ConfigError
     from rlkit.metrics_export import RayMetricsUnavailable
-    from rlkit.recipes.heal import WorkerLostError
+    from rlkit.recipes.heal import WorkerError, WorkerLostError
     from rlkit.run import run
 
     try:
         return run(cfg)
-    except (ConfigError, CheckpointError, RayMetricsUnavailable, WorkerLostError) as e:
+    except (ConfigError, CheckpointError, RayMetricsUnavailable, WorkerLostError, WorkerError) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records the failure and the sweep summary shows it
         # a bad setting, a refused resume or a service that is not there (logger=ray_metrics with no Ray
-        # cluster) is the user's to fix: the message names the fix (the run folder's error.txt keeps the
-        # traceback), not a traceback through rlkit
+        # cluster) is the user's to fix, and an error raised in a worker (a bug) is its own: the message names it
+        # (the run folder's error.txt keeps the traceback), not a traceback through rlkit
         kind = ("config error" if isinstance(e, ConfigError) else
                 "checkpoint error" if isinstance(e, CheckpointError) else
-                "worker lost" if isinstance(e, WorkerLostError) else "connection error")
+                "worker lost" if isinstance(e, WorkerLostError) else
+                "worker error" if isinstance(e, WorkerError) else "connection error")
         print(f"[rlkit] {kind}: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -83,9 +83,13 @@ class RayJobsLauncherConf:
     stream_logs: bool = True
     # Log lines quoted in a FAILED job's error.
     log_tail_lines: int = 40
-    # A job that FAILED or was STOPPED for another reason than a refused config or checkpoint (a killed driver, a
-    # replaced node) is resubmitted into the same folder this many times; it resumes from its latest checkpoint.
+    # A job that FAILED for another reason than a refused config or checkpoint or an error raised in a worker (a bug)
+    # -- a killed driver, a replaced node, workers lost past trainer.max_failures -- is resubmitted into the same
+    # folder this many times; it resumes from its latest checkpoint.
     max_retries: int = 1
+    # A job STOPPED (`ray job stop`, the dashboard) was stopped by someone and stays stopped; true resubmits it like
+    # a FAILED one (within max_retries).
+    retry_stopped: bool = False
 
 
 @dataclass

@@ -59,8 +59,10 @@ _MARKER_LINE = re.compile(r"^" + re.escape(RESULT_MARKER) + r"[ \t]*\r?$", re.MU
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 LOG_BYTES_PER_POLL = 1_000_000
-#: A job log that shows a refused config or checkpoint: resubmitting it would fail the same way (no retry).
-REFUSED = re.compile(r"\[rlkit\] (config|checkpoint) error|\b(ConfigError|CheckpointError|ConfigCompositionException)\b")
+#: A job log that shows a refused config or checkpoint, or an error raised in a worker that was not a lost worker (a
+#: bug, rlkit.recipes.heal.WorkerError): resubmitting it would fail the same way (no retry).
+REFUSED = re.compile(r"\[rlkit\] (config|checkpoint|worker) error"
+                     r"|\b(ConfigError|CheckpointError|ConfigCompositionException|WorkerError)\b")
 SCHEME_PACKAGES = {"sagemaker_ray": "toolkit-for-ray-on-sagemaker-ai"}
 _ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
@@ -103,6 +105,7 @@ class Settings:
     stream_logs: bool = True
     log_tail_lines: int = 40
     max_retries: int = 1
+    retry_stopped: bool = False
 
     def validate(self) -> None:
         """Raises LauncherError naming the bad key and the fix."""
@@ -526,8 +529,15 @@ class RayJobsRunner:
         return None
 
     def _retry(self, a: _Active, outcome: Outcome) -> bool:
-        """Resubmit a failed job into its own folder (it resumes from its latest checkpoint) unless its config or
-        checkpoint was refused or ``max_retries`` resubmissions are spent; True when it was resubmitted."""
+        """Resubmit a FAILED job into its own folder (it resumes from its latest checkpoint) unless its config or
+        checkpoint was refused, a worker raised a bug (``REFUSED``) or ``max_retries`` resubmissions are spent; a
+        STOPPED one (stopped by someone: ``ray job stop``, the dashboard) only with ``retry_stopped``. True when it
+        was resubmitted."""
+        if outcome.status == "STOPPED" and not self.s.retry_stopped:
+            if self.s.max_retries:
+                self.echo(f"[job {a.spec.num}] STOPPED: not resubmitted (a stopped job stays stopped; "
+                          "hydra.launcher.retry_stopped=true resubmits it)")
+            return False
         if a.attempt > self.s.max_retries or REFUSED.search(outcome.logs or "") or _refused_in_folder(a.spec):
             return False
         spec = replace(a.spec, submission_id=f"{a.spec.submission_id.split('-retry')[0]}-retry{a.attempt}")

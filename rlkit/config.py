@@ -169,6 +169,9 @@ class TrainerConfig:
     # times in a job: the workers restart and the run goes on from its latest checkpoint, exactly (rlkit.recipes.heal).
     # 0 = stop at the first loss, saying which step a rerun resumes from. Backends with workers only.
     max_failures: int = 2
+    # How long the new worker group of such a restart may wait for its resources (seconds, in all): a replacement
+    # node still joining the cluster (HyperPod replaces a faulty one). Past it the run stops; a rerun resumes.
+    restart_wait_s: float = 1800.0
 
 
 @dataclass
@@ -412,6 +415,7 @@ RANGES: dict[str, Range] = {
     "trainer.num_threads": Range(1, integer=True, none=True, note="null = 1"),
     "trainer.build_threads": Range(1, integer=True, none=True, note="null = $OMP_NUM_THREADS or the usable cores"),
     "trainer.max_failures": Range(0, integer=True, note="0 = stop at the first lost worker"),
+    "trainer.restart_wait_s": Range(0, lo_open=True, note="seconds a restarted worker group waits for its resources"),
     "sft.num_demos": Range(0, integer=True, note="0 = a fresh batch of tasks every step"),
     "sft.max_steps": Range(1, integer=True),
     "sft.batch_size": Range(1, integer=True),

@@ -34,6 +34,7 @@ def test_defaults_and_every_experiment_are_valid():
     ("trainer.export_interval=-2", "trainer.export_interval=-2"),
     ("trainer.num_threads=0", "trainer.num_threads=0 must be an integer >= 1 or null"),
     ("trainer.build_threads=0", "trainer.build_threads=0 must be an integer >= 1 or null"),
+    ("trainer.restart_wait_s=0", "trainer.restart_wait_s=0.0 must be > 0"),
     ("rollout.top_p=0", "rollout.top_p=0.0 must be > 0 and <= 1"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
     ("rollout.eval_temperature=-0.5", "rollout.eval_temperature=-0.5 must be >= 0 (0 = greedy)"),

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlkit.distributed.runtime import RaySettings, create_placement_group, init_ray, stop_ray
+from rlkit.distributed.runtime import RaySettings, WorkersHungError, create_placement_group, init_ray, stop_ray
 from rlkit.distributed.update import RankPayload, plan_update, split_even
 from rlkit.distributed.workers import RolloutSpec, RolloutWorker, TrainerSpec, TrainerWorker
 
@@ -55,7 +55,7 @@ def _get_all(refs: list[Any], timeout_s: float | None = None, what: str = "worke
     leave the driver waiting on ranks blocked in a collective).
 
     Raises: the actor's exception (Ray re-raises it as a subclass of the original type);
-    TimeoutError when ``timeout_s`` passes first.
+    WorkersHungError (a TimeoutError) when ``timeout_s`` passes first.
     """
     import ray
 
@@ -66,7 +66,7 @@ def _get_all(refs: list[Any], timeout_s: float | None = None, what: str = "worke
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
         if not ready:
-            raise TimeoutError(f"{what} did not answer within {timeout_s:.0f}s")
+            raise WorkersHungError(f"{what} did not answer within {timeout_s:.0f}s")
         for r in ready:
             done[r] = ray.get(r)
     return [done[r] for r in refs]
@@ -108,11 +108,15 @@ class RayCluster:
         return self.strategy == "fsdp"
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self) -> None:
+    def start(self, pg_timeout_s: float | None = None) -> None:
         """Start/join Ray, schedule the placement group, start every actor and the process group.
 
-        Raises: RuntimeError (Ray unreachable, placement group unschedulable), TimeoutError (actors
-        not ready within startup_timeout_s), or an actor's own error (e.g. a bad policy config).
+        ``pg_timeout_s``: how long the placement group may wait for its resources (seconds; None:
+        ``settings.startup_timeout_s``).
+
+        Raises: RuntimeError (Ray unreachable), rlkit.distributed.runtime.PlacementGroupTimeout (placement group
+        not scheduled in time), WorkersHungError (actors not ready within startup_timeout_s), or an actor's own
+        error (e.g. a bad policy config).
         """
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -120,7 +124,7 @@ class RayCluster:
         t0 = time.perf_counter()
         s = self.settings
         self.owns_ray, self.dashboard_url = init_ray(s)
-        self.pg = create_placement_group(s, self.name, s.startup_timeout_s)
+        self.pg = create_placement_group(s, self.name, s.startup_timeout_s if pg_timeout_s is None else pg_timeout_s)
         res = s.actor_resources()
         env = actor_env(s.threads_per_actor)
 
@@ -176,6 +180,48 @@ class RayCluster:
         if self.owns_ray:
             stop_ray()  # ray.shutdown() and the end of the local instance's watchdog
             self.owns_ray = False
+
+    def dead_workers(self, wait_s: float, poll_s: float = 0.2) -> list[str]:
+        """The workers of the group that are gone ("trainer rank 1", "rollout worker 0"), asked after a worker raised.
+
+        Gone: Ray's actor table says DEAD or RESTARTING (ray._private.state.actors, read from the GCS: the public
+        ray.util.state needs the dashboard, which a local instance runs without), or a ping of it fails with an
+        actor death. Waits up to ``wait_s`` seconds for Ray to notice a death (a killed process: well under a
+        second; a lost node: Ray's node health check) and returns [] at once when every worker has answered a ping
+        (``ping``: all alive). Returns [] after ``wait_s`` when none was found gone.
+        """
+        import ray
+        from ray._private import state as ray_state
+
+        named = [(f"trainer rank {r}", a) for r, a in enumerate(self.trainers)]
+        named += [(f"rollout worker {j}", a) for j, a in enumerate(self.rollouts)]
+        pings = {a.ping.remote(): name for name, a in named}
+        answered: set[str] = set()
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = []
+            for name, actor in named:
+                try:
+                    info = ray_state.actors(actor._actor_id.hex())
+                except Exception as e:  # noqa: BLE001 - the table cannot be read: the pings still tell
+                    log.debug("actor table of %s: %s", name, e)
+                    info = {}
+                if (info or {}).get("State") in ("DEAD", "RESTARTING"):
+                    dead.append(name)
+            ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0)
+            for ref in ready:
+                name = pings.pop(ref)
+                try:
+                    ray.get(ref)
+                    answered.add(name)
+                except Exception as e:  # noqa: BLE001 - a dead actor's ping raises RayActorError
+                    log.debug("ping of %s: %s", name, e)
+                    dead.append(name)
+            if dead:
+                return sorted(set(dead), key=[n for n, _ in named].index)
+            if len(answered) == len(named) or time.monotonic() >= deadline:
+                return []
+            time.sleep(poll_s)
 
     # ---------------------------------------------------------------- trainers
     def _trainers(self, method: str, *args: Any) -> list[Any]:
@@ -284,15 +330,20 @@ class RayCluster:
         parts = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (demonstrations)")
         return [d for part in parts for d in part]
 
-    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
-        """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged.
+    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8, pass_k: int = 0,
+                 pass_k_sampling: Any = None) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
+        """rlkit.evaluation.evaluate over ``seeds`` split across the rollout workers, merged; with ``pass_k`` > 0
+        also eval/pass@k (``pass_k`` samples a task with ``pass_k_sampling``, worker j's seed offset as in
+        ``worker_sampling``).
 
         Returns: (metrics, per_task rows in seed order, the first ``keep_trajectories``
-        trajectories). Merged metrics: eval/num_tasks is summed; every other metric is a mean over
-        tasks, so it is the task-weighted mean of the workers' values.
+        trajectories). Merged metrics: eval/num_tasks is summed; every other metric (pass@k too) is a
+        mean over tasks, so it is the task-weighted mean of the workers' values.
         """
         jobs = self._split(seeds)
-        refs = [self.rollouts[j].evaluate.remote(chunk, self.worker_sampling(sampling, j), int(version), keep_trajectories)
+        refs = [self.rollouts[j].evaluate.remote(
+                    chunk, self.worker_sampling(sampling, j), int(version), keep_trajectories, int(pass_k),
+                    None if pass_k_sampling is None else self.worker_sampling(pass_k_sampling, j))
                 for j, chunk in jobs]
         results = _get_all(refs, self.settings.call_timeout_s, what="rollout workers (eval)")
         per_task: list[dict[str, Any]] = []

@@ -25,6 +25,16 @@ from typing import Any
 
 
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+
+
+class WorkersHungError(TimeoutError):
+    """A call of the workers got no answer within ``backend.call_timeout_s``: a hung worker, i.e. a lost one
+    (rlkit.recipes.heal)."""
+
+
+class PlacementGroupTimeout(RuntimeError):
+    """The placement group was not scheduled within its time: the cluster lacks the resources (yet: a replacement
+    node may still be joining). The message lists the bundles asked for and what the cluster has free."""
 #: how the trainer ranks hold the policy (RaySettings.strategy)
 TRAINER_STRATEGIES = ("fsdp", "ddp")
 
@@ -57,6 +67,10 @@ class RaySettings:
     startup_timeout_s: how long placement-group scheduling and actor start-up may take (seconds).
     call_timeout_s: how long one call of the workers (a rollout, an update, an evaluation) may take
         (seconds); a worker that has not answered by then counts as hung, i.e. dead (trainer.max_failures).
+    peer_check_s: when a worker raises, how long the driver waits (seconds) for Ray to report whether a worker of
+        the group is gone (a dead rank breaks its peers' collective: that error heals; any other one stops the run).
+        A killed process is reported within a second; a lost node after Ray's node health check (about 15 s by
+        default), hence 30. The wait ends as soon as every worker has answered a ping (all alive).
     one_step_off_policy: sample step s + 1 on the rollout workers while the trainer ranks update on
         step s's batch, so step s + 1 samples with adapter v(s - 1) instead of v(s) (the loss's
         importance ratio and clip correct for that: its "old" logprobs are the sampling ones). As
@@ -82,6 +96,7 @@ class RaySettings:
     startup_timeout_s: float = 600.0
     one_step_off_policy: bool = False
     call_timeout_s: float = 1800.0
+    peer_check_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.num_rollout_workers is None:
@@ -123,6 +138,8 @@ class RaySettings:
             raise ValueError(f"backend.sync_timeout_s={self.sync_timeout_s} must be > 0 seconds")
         if self.call_timeout_s <= 0:
             raise ValueError(f"backend.call_timeout_s={self.call_timeout_s} must be > 0 seconds")
+        if self.peer_check_s < 0:
+            raise ValueError(f"backend.peer_check_s={self.peer_check_s} must be >= 0 seconds")
         if self.mixed_precision and self.gpus_per_worker == 0:
             raise ValueError(
                 "backend.mixed_precision=true needs GPUs (backend.gpus_per_worker > 0); on CPU the trainer "
@@ -241,8 +258,8 @@ def _url(address: str | None) -> str | None:
 def create_placement_group(settings: RaySettings, name: str, timeout_s: float) -> Any:
     """Create the placement group of ``settings.bundles()`` and wait until it is scheduled.
 
-    Raises: RuntimeError listing the bundles asked for and the cluster's available resources when
-    it cannot be scheduled within ``timeout_s`` seconds (the group is removed again).
+    Raises: PlacementGroupTimeout (a RuntimeError) listing the bundles asked for and the cluster's available
+    resources when it cannot be scheduled within ``timeout_s`` seconds (the group is removed again).
     """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -254,7 +271,7 @@ def create_placement_group(settings: RaySettings, name: str, timeout_s: float) -
     except ray.exceptions.GetTimeoutError:
         available = ray.available_resources()
         remove_placement_group(pg)
-        raise RuntimeError(
+        raise PlacementGroupTimeout(
             f"the placement group {name} ({len(bundles)} bundles of {bundles[0]}, strategy "
             f"{settings.placement_strategy}) could not be scheduled within {timeout_s:.0f}s; the cluster has "
             f"{ {k: v for k, v in available.items() if k in ('CPU', 'GPU')} } available. Lower "

@@ -110,6 +110,10 @@ class TrainerWorker:
         self.rank, self.world_size, self.spec = int(rank), int(world_size), spec
         self.policy: Any = None
 
+    def ping(self) -> int:
+        """This actor's pid: it is alive and answering (RayCluster.dead_workers)."""
+        return os.getpid()
+
     def master_address(self) -> tuple[str, int]:
         """(node IP, free port) for rank 0's TCP store."""
         from rlkit.distributed.fsdp import free_port, node_ip
@@ -278,6 +282,10 @@ class RolloutWorker:
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)
         self._engine_version: int | None = None
 
+    def ping(self) -> int:
+        """This actor's pid: it is alive and answering (RayCluster.dead_workers)."""
+        return os.getpid()
+
     def ready(self) -> dict[str, Any]:
         """{"index", "pid", "threads", "device"} once the policy is loaded; with vLLM once it has started too, plus
         "engine_pid" and "engine_startup_s" (seconds from its spawn to ready)."""
@@ -329,8 +337,10 @@ class RolloutWorker:
 
         return demonstration_trajectories(self.env_spec, self.policy, seeds)
 
-    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any], dict[str, Any]]:
-        """Load ``version``, then rlkit.evaluation.evaluate on ``seeds``.
+    def evaluate(self, seeds: list[int], sampling: Any, version: int, keep_trajectories: int = 8, pass_k: int = 0,
+                 pass_k_sampling: Any = None) -> tuple[dict[str, float], list[dict[str, Any]], list[Any], dict[str, Any]]:
+        """Load ``version``, then rlkit.evaluation.evaluate on ``seeds`` (with ``pass_k`` > 0 also eval/pass@k,
+        ``pass_k`` samples a task with ``pass_k_sampling``).
 
         Returns: (metrics, per_task rows, the first ``keep_trajectories`` trajectories, the load dict).
         """
@@ -338,7 +348,8 @@ class RolloutWorker:
 
         load = self.sync(version)
         metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, list(seeds), sampling,
-                                            policy_version=self.subscriber.version)
+                                            policy_version=self.subscriber.version, pass_k=int(pass_k),
+                                            pass_k_sampling=pass_k_sampling)
         return metrics, per_task, trajs[:keep_trajectories], load
 
     def generate(self, prompts: list[Any], sampling: Any, version: int) -> list[list[Any]]:

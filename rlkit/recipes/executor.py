@@ -46,7 +46,8 @@ class Executor(Protocol):
     """Where a GRPO run's work runs (module doc). After ``start``: ``policy`` (save_adapter / load_adapter),
     ``optimizer`` (the one checkpoints hold), ``tokenizer`` (the policy's, or a checkpoint folder to load it
     from). ``pipelined``: the recipe samples step s + 1 while step s's update runs. ``heals``: its workers can
-    be lost and replaced (``shutdown`` then ``start`` again; rlkit.recipes.heal)."""
+    be lost and replaced (``shutdown`` then ``start`` again, ``wait_s`` seconds at most for the new group's
+    resources; rlkit.recipes.heal); ``dead_workers()`` names those found gone after a worker raised."""
 
     pipelined: bool
     heals: bool
@@ -56,7 +57,9 @@ class Executor(Protocol):
 
     def problems(self, cfg: Any) -> list[str]: ...
 
-    def start(self, ctx: ExecutorContext) -> None: ...
+    def start(self, ctx: ExecutorContext, wait_s: float | None = None) -> None: ...
+
+    def dead_workers(self) -> list[str]: ...
 
     def after_setup(self, step: int) -> None: ...
 

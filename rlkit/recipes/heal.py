@@ -1,5 +1,5 @@
-"""Healing a run that lost a worker: which failures count as a lost worker, and the error that ends a run which
-cannot heal.
+"""Healing a run that lost a worker: which failures count as a lost worker, and the errors that end a run which
+cannot (or must not) heal.
 
 A rollout worker or trainer rank that dies (its process killed, out of memory, its node gone) or hangs (no
 answer within ``backend.call_timeout_s``) is a lost worker. The recipe then tears the worker group down, starts a
@@ -7,12 +7,19 @@ new one and goes on from the latest checkpoint, up to ``trainer.max_failures`` t
 ``FailureConfig(max_failures)`` and TorchElastic's restarts), exactly: a checkpoint holds every RNG state, so the
 healed run logs what an uninterrupted run logs. Past the limit the run stops with ``WorkerLostError``, whose
 message says what died and from which step a rerun of the same command resumes.
+
+Anything else a worker raises is a bug or a bad value, whatever its class (a RuntimeError from a shape mismatch
+or CUDA out of memory, an OSError from a missing file, a SyncError): replaying it from a checkpoint would only
+raise it again, so the run stops at once with ``WorkerError`` (its own message and the worker's last frame), and
+the Ray Jobs launchers do not resubmit it (launchers/ray_jobs.py, ``REFUSED``). A collective broken by a dead
+peer also surfaces as a RuntimeError in the surviving ranks: that one is told apart by asking Ray whether a peer
+of the group is gone (``RayExecutor.dead_workers``), never by the exception's class.
 """
 
 from __future__ import annotations
 
-#: A trainer rank whose peer died fails its collective with one of these (gloo: "Connection closed by peer").
-_PEER_FAILURES = (RuntimeError, ConnectionError, OSError)
+import re
+from typing import Callable
 
 
 class WorkerLostError(RuntimeError):
@@ -20,30 +27,84 @@ class WorkerLostError(RuntimeError):
     the worker, the step, and the step a rerun of the same command resumes from."""
 
 
-def lost_worker(exc: BaseException) -> str | None:
-    """What was lost when ``exc`` says a Ray worker died or hung, in words ("a rollout worker died: ..."), or None
-    for any other failure (a bug, a bad value: healing would only repeat it).
+class WorkerError(RuntimeError):
+    """A worker raised an error that is not a lost worker (a bug, a bad value, a full disk): the run stops at once
+    without a restart. The message: which worker call, the error's class and first line, and the worker traceback's
+    last frame (file:line in function)."""
+
+
+#: the ``File "...", line N, in f`` lines of a formatted traceback
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+#: the "ray::RolloutWorker.evaluate()" header of a RayTaskError's text, and terminal colour codes
+_FUNCTION = re.compile(r"ray::([\w.]+)\(")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def lost_worker(exc: BaseException, dead_workers: Callable[[], list[str]] | None = None) -> str | None:
+    """What was lost when ``exc`` says a Ray worker died or hung, in words ("a worker died: ..."), or None for any
+    other failure (a bug, a bad value: healing would only repeat it).
 
     Lost: Ray's actor and worker deaths (RayActorError and its ActorDiedError, WorkerCrashedError, NodeDiedError,
-    ActorUnavailableError, OwnerDiedError), a call that timed out (TimeoutError, GetTimeoutError), and a task that
-    failed because its peer died (RayTaskError whose cause is a RuntimeError / ConnectionError / OSError: a
-    collective broken by a dead rank). Without Ray installed nothing is lost this way.
+    ActorUnavailableError, OwnerDiedError, LocalRayletDiedError), a call of the workers that timed out
+    (rlkit.distributed.runtime.WorkersHungError: ``backend.call_timeout_s`` passed; Ray's GetTimeoutError), and an
+    error raised inside a worker (RayTaskError) while ``dead_workers()`` names a worker of the group that is gone
+    (a collective broken by a dead rank raises in the ranks still alive). A RayTaskError is checked first: Ray makes
+    it an instance of its cause's class too, so a TimeoutError raised in a worker is that worker's error, not a
+    hang. Without ``dead_workers`` no RayTaskError is a lost worker; without Ray installed nothing is.
     """
     try:
         import ray.exceptions as rex
     except ImportError:  # pragma: no cover - ray is a dependency
         return None
+    from rlkit.distributed.runtime import WorkersHungError
+
+    if isinstance(exc, rex.RayTaskError):
+        dead = dead_workers() if dead_workers is not None else []
+        if not dead:
+            return None
+        return (f"a worker's peer died ({', '.join(dead)} gone; the call failed with "
+                f"{_cause_name(exc)}: {_first_line(_cause(exc))})")
     deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.ActorUnavailableError,
               rex.OwnerDiedError, rex.LocalRayletDiedError)
     if isinstance(exc, deaths):
         return f"a worker died ({type(exc).__name__}: {_first_line(exc)})"
-    if isinstance(exc, (TimeoutError, rex.GetTimeoutError)):
+    if isinstance(exc, (WorkersHungError, rex.GetTimeoutError)):
         return f"a worker hung ({_first_line(exc)})"
-    if isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, _PEER_FAILURES):
-        return f"a worker's peer died ({type(exc.cause).__name__}: {_first_line(exc.cause)})"
     return None
+
+
+def worker_error(exc: BaseException) -> WorkerError | None:
+    """The ``WorkerError`` that stops a run for ``exc`` when it is an error raised inside a Ray worker (RayTaskError)
+    and not a lost worker (``lost_worker`` said None), else None. Its message: "<function> raised <Class>:
+    <first line> (at <file>:<line> in <function>)", the frame the last of the worker traceback's
+    (RayTaskError.traceback_str, Ray 2.x)."""
+    try:
+        import ray.exceptions as rex
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return None
+    if not isinstance(exc, rex.RayTaskError):
+        return None
+    # the instance Ray raises is a subclass of the cause's class whose attributes are the cause's: its text (the
+    # "ray::Class.method()" header and the worker traceback) is what is left to read
+    text = _ANSI.sub("", (getattr(exc, "traceback_str", None) or "") + "\n" + str(exc))
+    frames = _FRAME.findall(text)
+    where = f" (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    named = _FUNCTION.search(text)
+    func = named.group(1) if named else (getattr(exc, "function_name", None) or "a worker")
+    return WorkerError(f"{func} raised {_cause_name(exc)}: {_first_line(_cause(exc))}{where}. Not a lost worker "
+                       "(no worker of the group was found gone), so the run stops instead of replaying it from a "
+                       "checkpoint; the full worker traceback is in the run folder's error.txt")
+
+
+def _cause(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _cause_name(exc: BaseException) -> str:
+    return type(_cause(exc)).__name__
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+    return text[0][:300] if text else type(exc).__name__

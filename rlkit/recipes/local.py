@@ -53,8 +53,9 @@ class LocalExecutor:
         """What this executor cannot run of ``cfg`` (nothing: the local loop runs every option)."""
         return []
 
-    def start(self, ctx: ExecutorContext) -> None:
-        """Build the policy (LoRA on the warm start at ``ctx.base_path``), its engine and AdamW."""
+    def start(self, ctx: ExecutorContext, wait_s: float | None = None) -> None:
+        """Build the policy (LoRA on the warm start at ``ctx.base_path``), its engine and AdamW (``wait_s``: unused,
+        there are no resources to wait for)."""
         self.ctx = ctx
         self.policy = instantiate_plugin(ctx.policy_cfg, "policy", base_path=ctx.base_path, train_mode="lora")
         if getattr(ctx, "rollout_engine", "rlkit") == "vllm":
@@ -73,6 +74,10 @@ class LocalExecutor:
         self.optimizer = torch.optim.AdamW(params, lr=ctx.lr, betas=tuple(ctx.optim.adam_betas),
                                            weight_decay=ctx.optim.weight_decay)
         self.tokenizer = self.policy.tokenizer
+
+    def dead_workers(self) -> list[str]:
+        """No workers to lose: []."""
+        return []
 
     @property
     def _vllm(self) -> bool:

@@ -15,7 +15,7 @@ result.json. What runs on workers:
   single-rank update's, the auxiliary terms included), then rank 0 publishes ``v<step>`` through
   ``paths.shared`` (rlkit.sync).
 - ``demonstrations``: the rollout workers encode the solver demonstrations.
-- ``evaluate``: the rollout workers, on version ``step``.
+- ``evaluate``: the rollout workers, on version ``step`` (eval/pass@k too with ``eval.pass_k`` > 0).
 - ``pipelined`` (``backend.one_step_off_policy``): the recipe samples step s + 1 on the rollout workers with
   version s - 1 (``sample_with``) while the ranks run step s's update.
 - ``checkpoint_state``: the optimizer state is gathered from the ranks into the shadow optimizer for the save.
@@ -117,8 +117,13 @@ class RayExecutor:
                     "(backend.gpus_per_worker=1) or use policy.device=auto"]
         return []
 
-    def start(self, ctx: ExecutorContext) -> None:
-        """Start the cluster on the warm start at ``ctx.base_path``; the stand-in policy and the shadow AdamW."""
+    def start(self, ctx: ExecutorContext, wait_s: float | None = None) -> None:
+        """Start the cluster on the warm start at ``ctx.base_path``; the stand-in policy and the shadow AdamW.
+
+        ``wait_s``: how long the placement group may wait for its resources (seconds; None: backend.startup_timeout_s).
+        Raises: rlkit.distributed.runtime.PlacementGroupTimeout when they do not appear within it (the message
+        lists the bundles and what the cluster has free); what RayCluster.start raises otherwise.
+        """
         from rlkit.distributed.cluster import RayCluster
         from rlkit.distributed.workers import RolloutSpec, TrainerSpec
 
@@ -134,7 +139,7 @@ class RayExecutor:
                                    fixed_image_seed=ctx.fixed_image_seed, engine=engine,
                                    log_dir=None if self.log_dir is None else str(self.log_dir), **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
-        self.cluster.start()
+        self.cluster.start(pg_timeout_s=wait_s)
         ctx.progress.say(
             f"native_ray: {s.num_workers} trainer rank(s) "
             f"({ {'fsdp': 'FSDP2', 'ddp': 'DDP'}.get(self.cluster.strategy, self.cluster.strategy)}, "
@@ -150,6 +155,13 @@ class RayExecutor:
         self.optimizer = torch.optim.AdamW(shadow, lr=ctx.lr, betas=tuple(ctx.optim.adam_betas),
                                            weight_decay=ctx.optim.weight_decay)
         self.tokenizer = ctx.base_path or ctx.policy_cfg.get("path")  # the driver holds no tokenizer: its folder
+
+    def dead_workers(self) -> list[str]:
+        """The workers of the group found gone (RayCluster.dead_workers), waiting up to backend.peer_check_s for
+        Ray to tell; [] when all are alive (or none is started)."""
+        if self.cluster is None or not (self.cluster.trainers or self.cluster.rollouts):
+            return []
+        return self.cluster.dead_workers(self.settings.peer_check_s)
 
     def after_setup(self, step: int) -> None:
         """Hand a resumed optimizer state to the ranks and publish the starting version ``v<step>``."""
@@ -205,7 +217,10 @@ class RayExecutor:
 
     def evaluate(self, seeds: list[int], greedy: Any, version: int, pass_k: int = 0, pass_k_sampling: Any = None,
                  keep_trajectories: int = 8) -> tuple[dict[str, float], list[dict[str, Any]], list[Any]]:
-        return self.cluster.evaluate(seeds, greedy, version=version, keep_trajectories=keep_trajectories)
+        """rlkit.evaluation.evaluate on the rollout workers with adapter ``version`` (RayCluster.evaluate), pass@k
+        included when ``pass_k`` > 0 (``pass_k_sampling``; worker j's seed offset as its rollouts')."""
+        return self.cluster.evaluate(seeds, greedy, version=version, keep_trajectories=keep_trajectories,
+                                     pass_k=pass_k, pass_k_sampling=pass_k_sampling)
 
     @contextlib.contextmanager
     def checkpoint_state(self) -> Iterator[None]:

@@ -341,3 +341,31 @@ def test_a_refused_config_is_not_resubmitted(tmp_path):
     world, clock, lines = World(final={"sid-0": "FAILED"}, pad="[rlkit] config error: sampling.max_rounds=3 ...\n"), Clock(), []
     (o,) = _runner(world, clock, lines, max_retries=2).run(_specs(tmp_path, 1))
     assert not o.ok and o.attempts == 1 and set(world.jobs) == {"sid-0"}
+
+
+def test_a_stopped_job_is_not_resubmitted_unless_asked(tmp_path):
+    """`ray job stop` (docs/hyperpod.md) ends a job for good: max_retries resubmits FAILED jobs only, a STOPPED one
+    with hydra.launcher.retry_stopped=true."""
+    world, clock, lines = World(final={"sid-0": "STOPPED", "sid-1": "FAILED"}), Clock(), []
+    outcomes = _runner(world, clock, lines, max_retries=2).run(_specs(tmp_path, 2))
+    assert [(o.ok, o.status, o.attempts) for o in outcomes] == [(False, "STOPPED", 1), (True, "SUCCEEDED", 2)]
+    assert set(world.jobs) == {"sid-0", "sid-1", "sid-1-retry1"}
+    assert any("[job 0] STOPPED: not resubmitted" in ln and "retry_stopped=true" in ln for ln in lines), lines
+
+    world, clock, lines = World(final={"sid-0": "STOPPED"}), Clock(), []
+    (o,) = _runner(world, clock, lines, max_retries=1, retry_stopped=True).run(_specs(tmp_path / "again", 1))
+    assert o.ok and o.attempts == 2 and set(world.jobs) == {"sid-0", "sid-0-retry1"}
+
+
+def test_an_error_raised_in_a_worker_is_not_resubmitted(tmp_path):
+    """A bug in a worker (rlkit.recipes.heal.WorkerError) fails the same way again; a lost worker past
+    trainer.max_failures (WorkerLostError) is resubmitted: the rerun resumes on a healthy cluster."""
+    world, clock, lines = World(final={"sid-0": "FAILED"}, pad="[rlkit] worker error: RolloutWorker.rollout raised "
+                                "RuntimeError: boom (at envs/x.py:3 in step)\n"), Clock(), []
+    (o,) = _runner(world, clock, lines, max_retries=2).run(_specs(tmp_path, 1))
+    assert not o.ok and o.attempts == 1 and set(world.jobs) == {"sid-0"}
+
+    world, clock, lines = World(final={"sid-0": "FAILED"}, pad="rlkit.recipes.heal.WorkerLostError: a worker died "
+                                "(ActorDiedError: ...) at step 3; trainer.max_failures=2 spent.\n"), Clock(), []
+    (o,) = _runner(world, clock, lines, max_retries=1).run(_specs(tmp_path / "lost", 1))
+    assert o.ok and o.attempts == 2

@@ -46,3 +46,7 @@ def test_refused_configs_are_recognised():
     assert REFUSED.search("[rlkit] checkpoint error: cannot resume")
     assert not REFUSED.search("RuntimeError: deliberate failure for x=3")
     assert not REFUSED.search("ray.exceptions.ActorDiedError: the actor died")
+    assert REFUSED.search("[rlkit] worker error: RolloutWorker.rollout raised RuntimeError: boom")
+    assert REFUSED.search("rlkit.recipes.heal.WorkerError: RolloutWorker.rollout raised RuntimeError: boom")
+    assert not REFUSED.search("rlkit.recipes.heal.WorkerLostError: a worker died (ActorDiedError)")
+    assert not REFUSED.search("[rlkit] worker lost: a worker hung")
