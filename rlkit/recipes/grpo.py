@@ -50,7 +50,7 @@ from rlkit.plugins import instantiate_plugin, instantiate_reward, resolve_policy
 from rlkit.policy import SamplingParams
 from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
-from rlkit.recipes.heal import WorkerLostError, lost_worker, worker_error
+from rlkit.recipes.heal import WorkerLostError, lost_worker_or_raise, start_worker_group
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
@@ -63,7 +63,7 @@ from rlkit.tasks import training_sampler
 class GRPORecipe:
     """One GRPO job: ``GRPORecipe(cfg, executor).run()`` -> the result dict (also ``result.json``)."""
 
-    RESTART_POLL_S = 10.0  # seconds between tries of a restart whose placement group timed out (_restart)
+    RESTART_POLL_S = 10.0  # seconds between tries of a restart whose placement group timed out (heal.start_worker_group)
 
     def __init__(self, cfg: DictConfig, executor: Executor):
         resolve_policy_dtype(cfg)  # policy.dtype=auto -> this machine's (run() did it already; idempotent)
@@ -276,11 +276,10 @@ class GRPORecipe:
 
     def train(self) -> dict[str, float]:
         """The evaluation before training, the loop from the resumed step to ``steps`` and the final evaluation,
-        healed when a worker is lost in any of them or in a restart (rlkit.recipes.heal): the worker group
-        restarts and the run goes on from the latest checkpoint (a step-0 one is saved first), at most
-        ``trainer.max_failures`` times. Raises: WorkerLostError past that, or when a new worker group's resources
-        do not appear within ``trainer.restart_wait_s``, naming what died and the step a rerun resumes from;
-        WorkerError at once for any other error raised in a worker (a bug: never replayed)."""
+        healed when a worker is lost in any of them or in a restart (rlkit.recipes.heal): a new worker group goes
+        on from the latest checkpoint (a step-0 one is saved first), at most ``trainer.max_failures`` times.
+        Raises: WorkerLostError past that, or when a new group's resources do not appear within
+        ``trainer.restart_wait_s``; WorkerError at once for any other error raised in a worker (never replayed)."""
         tr, failures, heal_from = self.trainer, 0, None
         if self.executor.heals and tr.max_failures and ckpt.find_latest(self.ckpt_root) is None:
             self._save(self.state.step)  # a worker lost before the first checkpoint (step-0 eval included) heals here
@@ -296,12 +295,7 @@ class GRPORecipe:
                     self.progress.say(f"eval before training: {m['eval/success_rate']:.1%} of {len(self.eval_seeds)}")
                 return self._train_loop()
             except Exception as e:
-                what = self.executor.heals and lost_worker(e, self.executor.dead_workers)
-                if not what:
-                    bug = worker_error(e)
-                    if bug is None:
-                        raise
-                    raise bug from e
+                what = lost_worker_or_raise(e, self.executor)
                 failures += 1
                 path = ckpt.find_latest(self.ckpt_root)
                 at = resume.checkpoint_step(path) if path is not None else 0
@@ -317,36 +311,11 @@ class GRPORecipe:
         """A new worker group, loaded with the checkpoint at ``path`` exactly as a resumed run loads it."""
         self.executor.shutdown()
         self._prefetched = None
-        self._restart()
+        start_worker_group(self.executor, self._executor_ctx, self.trainer.restart_wait_s, self.progress.say,
+                           self.RESTART_POLL_S)
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, self.cfg.steps)
         self._load(path)  # the rows after the checkpoint are logged again, and sent to the logger once
         self.executor.after_setup(self.state.step)
-
-    def _restart(self) -> None:
-        """Start the new worker group, waiting up to ``trainer.restart_wait_s`` seconds in all for its resources
-        (a replacement node still joining): each try waits at most ``backend.startup_timeout_s`` and a try that
-        times out says what the group asked for and what the cluster has. Raises: WorkerLostError when the time is
-        spent (a rerun of the same command resumes)."""
-        from rlkit.distributed.runtime import PlacementGroupTimeout
-
-        wait = self.trainer.restart_wait_s
-        deadline = time.monotonic() + wait
-        per_try = getattr(getattr(self.executor, "settings", None), "startup_timeout_s", wait)
-        while True:
-            left = max(deadline - time.monotonic(), 0.0)
-            try:
-                self.executor.start(self._executor_ctx, wait_s=min(per_try, left))
-                return
-            except PlacementGroupTimeout as e:
-                self.executor.shutdown()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WorkerLostError(f"the new worker group's resources did not appear within "
-                                          f"trainer.restart_wait_s={wait:g}s: {e}. Rerun the same command to resume "
-                                          "from the latest checkpoint once the cluster has them") from e
-                self.progress.say(f"waiting for the new worker group's resources ({left:.0f}s left of "
-                                  f"trainer.restart_wait_s={wait:g}): {e}")
-                time.sleep(min(self.RESTART_POLL_S, left))
 
     def _load(self, path: Path) -> None:
         """The checkpoint at ``path`` into the executor, the schedule, the RNGs and the samplers; metrics.jsonl cut

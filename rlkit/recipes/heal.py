@@ -19,7 +19,8 @@ of the group is gone (``RayExecutor.dead_workers``), never by the exception's cl
 from __future__ import annotations
 
 import re
-from typing import Callable
+import time
+from typing import Any, Callable
 
 
 class WorkerLostError(RuntimeError):
@@ -94,6 +95,50 @@ def worker_error(exc: BaseException) -> WorkerError | None:
     return WorkerError(f"{func} raised {_cause_name(exc)}: {_first_line(_cause(exc))}{where}. Not a lost worker "
                        "(no worker of the group was found gone), so the run stops instead of replaying it from a "
                        "checkpoint; the full worker traceback is in the run folder's error.txt")
+
+
+def lost_worker_or_raise(exc: Exception, executor: Any) -> str:
+    """What was lost (``lost_worker``'s words) when ``exc`` is a lost worker of ``executor`` (one that ``heals``,
+    asked through its ``dead_workers``); otherwise raises: the ``WorkerError`` of an error raised inside a worker
+    (``worker_error``), else ``exc`` itself (an error of the driver)."""
+    what = executor.heals and lost_worker(exc, executor.dead_workers)
+    if what:
+        return what
+    bug = worker_error(exc)
+    if bug is None:
+        raise exc
+    raise bug from exc
+
+
+def start_worker_group(executor: Any, ctx: Any, wait_s: float, say: Callable[[str], Any], poll_s: float = 10.0) -> None:
+    """Start a new worker group on ``executor`` (``executor.start(ctx, wait_s=...)``), waiting up to ``wait_s``
+    seconds in all (``trainer.restart_wait_s``) for its resources, as a replacement node still joining needs: each
+    try waits at most the executor's ``settings.startup_timeout_s``, and a try that times out
+    (rlkit.distributed.runtime.PlacementGroupTimeout) is said (``say``: what the group asked for and what the
+    cluster has) and tried again after ``poll_s`` seconds.
+
+    Raises: WorkerLostError when ``wait_s`` is spent (a rerun of the same command resumes from the latest
+    checkpoint); any other error of ``executor.start`` as it is.
+    """
+    from rlkit.distributed.runtime import PlacementGroupTimeout
+
+    deadline = time.monotonic() + wait_s
+    per_try = getattr(getattr(executor, "settings", None), "startup_timeout_s", wait_s)
+    while True:
+        left = max(deadline - time.monotonic(), 0.0)
+        try:
+            executor.start(ctx, wait_s=min(per_try, left))
+            return
+        except PlacementGroupTimeout as e:
+            executor.shutdown()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerLostError(f"the new worker group's resources did not appear within "
+                                      f"trainer.restart_wait_s={wait_s:g}s: {e}. Rerun the same command to resume "
+                                      "from the latest checkpoint once the cluster has them") from e
+            say(f"waiting for the new worker group's resources ({left:.0f}s left of "
+                f"trainer.restart_wait_s={wait_s:g}): {e}")
+            time.sleep(min(poll_s, left))
 
 
 def _cause(exc: BaseException) -> BaseException:
