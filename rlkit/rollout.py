@@ -110,7 +110,7 @@ def training_sequences(trajectories: list[Trajectory], advantages: torch.Tensor)
     so without a history window the result is the input. Raises ValueError when len(advantages) != N."""
     if len(advantages) != len(trajectories):
         raise ValueError(f"{len(advantages)} advantages for {len(trajectories)} trajectories")
-    if not any(t.segments for t in trajectories):
+    if not any(getattr(t, "segments", None) for t in trajectories):  # (duck-typed sequences have none)
         return trajectories, advantages
     seqs, index = [], []
     for i, t in enumerate(trajectories):
