@@ -129,9 +129,10 @@ class LocalExecutor:
         after ``step - 1`` updates; with vLLM, that version's load and probe metrics."""
         if not self._vllm:
             return rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling,
-                           policy_version=step - 1), {}
+                           policy_version=step - 1, history_images=self.ctx.history_images), {}
         extra = self._load(step - 1)
-        trajs = rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling, policy_version=step - 1)
+        trajs = rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling, policy_version=step - 1,
+                        history_images=self.ctx.history_images)
         extra.update(self._startup_metric)
         self._startup_metric = {}
         return trajs, {**extra, **self._probe_metrics()}
@@ -161,7 +162,8 @@ class LocalExecutor:
         if self._vllm:
             self._load(version)
         metrics, per_task, trajs = evaluate(self.ctx.env_spec, self.policy, self.engine, seeds, greedy,
-                                            policy_version=version, pass_k=pass_k, pass_k_sampling=pass_k_sampling)
+                                            policy_version=version, pass_k=pass_k, pass_k_sampling=pass_k_sampling,
+                                            history_images=self.ctx.history_images)
         return metrics, per_task, trajs[:keep_trajectories] if keep_trajectories else []
 
     @contextlib.contextmanager
