@@ -131,10 +131,6 @@ class RolloutConfig:
     # new user turn (native backends; same tokens and logprobs as re-prefilling, rlkit.policy.engine;
     # under backend=skyrl vLLM caches prefixes itself). May change on resume.
     reuse_kv_cache: bool = True
-    # history window: a turn's context shows only the last N pictures of the conversation, older turns keep their
-    # text (rlkit/rollout.py, "History window": an episode then trains as one sequence per segment); null = every
-    # picture kept. Training rollouts and evaluations alike (every native backend; not backend=skyrl).
-    history_images: Optional[int] = None
     # who samples the rollouts and greedy evaluations of the native backends: rlkit (rlkit.policy.engine, in the policy's
     # process) | vllm (vLLM's CPU engine in a process of its own from .venv-vllm, the adapter hot-swapped in at every
     # version; rlkit.policy.vllm_engine). backend=skyrl samples with SkyRL's own vLLM engines whatever this says.
@@ -411,7 +407,6 @@ RANGES: dict[str, Range] = {
     "rollout.top_k": Range(0, integer=True, also=(-1,), note="0 or -1 = off"),
     "rollout.max_new_tokens": Range(1, integer=True),
     "rollout.eval_temperature": Range(0, note="0 = greedy"),
-    "rollout.history_images": Range(1, integer=True, none=True, note="null = every picture kept"),
     "rollout.engine": Range(choices=("rlkit", "vllm"), note="rlkit = rlkit's own engine; vllm = vLLM's CPU engine from .venv-vllm"),
     "trainer.eval_interval": Range(0, integer=True, note="0 = only before and after training"),
     "trainer.ckpt_interval": Range(0, integer=True, note="0 = only the final checkpoint"),
@@ -463,11 +458,6 @@ def check_ranges(cfg: Any) -> list[str]:
         if not rule.check(value):
             hint = f" (or {stage}.enabled=false)" if stage in ("sft", "grounding") else ""
             problems.append(f"{key}={value!r} {rule.describe()}{hint}")
-    window = OmegaConf.select(cfg, "rollout.history_images", default=None)
-    reduction = OmegaConf.select(cfg, "algorithm.loss_reduction", default="token_mean")
-    if window is not None and reduction != "token_mean":
-        problems.append(f"rollout.history_images={window} trains an episode as several sequences (one per segment), which "
-                        f"algorithm.loss_reduction={reduction} would weigh as separate samples: use token_mean")
     stages = OmegaConf.select(cfg, "sft.stages", default=None) or []
     if "sft" not in off:
         problems += _cosine_problems("sft", OmegaConf.select(cfg, "sft", default=None) or {})

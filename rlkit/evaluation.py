@@ -29,10 +29,8 @@ def evaluate(
     batch_size: int = 64,
     pass_k: int = 0,
     pass_k_sampling: Any = None,
-    history_images: int | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]], list[Trajectory]]:
-    """Greedy (or ``sampling``) rollouts, one per task seed (``history_images``: rlkit.rollout.rollout's window,
-    rollout.history_images, so evaluation shows the policy the context it trains in).
+    """Greedy (or ``sampling``) rollouts, one per task seed.
 
     Returns:
         (metrics, per_task, trajectories): metrics eval/{success_rate, num_tasks, mean_turns,
@@ -43,8 +41,7 @@ def evaluate(
     """
     trajs: list[Trajectory] = []
     for i in range(0, len(seeds), batch_size):
-        trajs += rollout(env_spec, policy, engine, seeds[i : i + batch_size], 1, sampling, policy_version,
-                         history_images=history_images)
+        trajs += rollout(env_spec, policy, engine, seeds[i : i + batch_size], 1, sampling, policy_version)
     n = max(len(trajs), 1)
     per_task = [
         {
@@ -71,7 +68,7 @@ def evaluate(
         solved = 0
         for i in range(0, len(seeds), max(batch_size // pass_k, 1)):
             chunk = seeds[i : i + max(batch_size // pass_k, 1)]
-            group = rollout(env_spec, policy, engine, chunk, pass_k, samp, policy_version, history_images=history_images)
+            group = rollout(env_spec, policy, engine, chunk, pass_k, samp, policy_version)
             for g in range(len(chunk)):
                 solved += any(t.episode.success for t in group[g * pass_k : (g + 1) * pass_k])
         metrics[f"eval/pass@{pass_k}"] = solved / max(len(seeds), 1)

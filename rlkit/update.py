@@ -45,7 +45,7 @@ import torch
 from rlkit.algorithms import grpo
 from rlkit.algorithms.nll import AuxTerm, active_terms, demonstration_nll
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, to_tensor, training_sequences
+from rlkit.rollout import Trajectory, to_tensor
 
 
 def grad_clip_limit(max_grad_norm: float) -> float:
@@ -70,9 +70,7 @@ def grpo_update(
     Args:
         policy: the Policy (``model``, ``logprobs(seqs, temperature) -> (logprobs [n, T], entropy [n, T])``,
             ``reference()`` context manager disabling the adapter).
-        trajectories: N trajectories. advantages: [N] float32 (one per trajectory). A trajectory with
-            ``segments`` (rollout.history_images) trains as one sequence per segment, each with its advantage
-            (rlkit.rollout.training_sequences); mini- and micro-batches then count those sequences.
+        trajectories: N trajectories. advantages: [N] float32 (one per sequence).
         cfg: algorithm config. temperature: the sampling temperature (logprobs are of logits / T).
         generator: seeds the mini-batch shuffle.
         on_backward: called after each micro-batch's backward (fault injection in tests).
@@ -81,7 +79,6 @@ def grpo_update(
             to the loss of the first optimizer step, in order, and logs ``<name>/nll`` (before the step).
             With no kept sequence, that step runs on the terms alone.
     """
-    trajectories, advantages = training_sequences(trajectories, advantages)  # a windowed episode's segments
     keep = kept_sequences(trajectories, advantages, cfg)
     terms = active_terms(aux_terms)
     if not keep and not terms:

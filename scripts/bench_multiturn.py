@@ -3,7 +3,6 @@
     python scripts/bench_multiturn.py                        # tiny_vl conf sizes, 4 tasks x 4, 6 turns
     python scripts/bench_multiturn.py --turns 2 4 6 --reps 3 # several episode lengths
     python scripts/bench_multiturn.py --sizes issue15        # issue 15's model sizes (bench_update.py)
-    python scripts/bench_multiturn.py --history-images 1 2   # also the history windows of 1 and 2 pictures
 
 Workload (issue 15): a fresh tiny policy (random weights, LoRA as in the config) on VisGym
 maze_2d/easy, ``--tasks`` training mazes x ``--group`` samples, temperature 1, rollout.max_new_tokens
@@ -15,9 +14,7 @@ weights and the variants see the same kind of episodes). Variants, in alternatin
 - plan:           conf/env/visgym.yaml (one turn: the maze in, the whole route out);
 - T turns cached: conf/env/visgym_interactive.yaml with max_turns T, the engine's reuse_kv on (each
                   episode's KV cache kept, only the new user turn prefilled);
-- T turns prefill: the same with reuse_kv off (the whole conversation re-prefilled every turn);
-- T turns window k (``--history-images k``): T turns cached with rollout.history_images=k (each turn's context
-                  shows the last k pictures; an episode trains as one sequence per segment: rlkit/rollout.py).
+- T turns prefill: the same with reuse_kv off (the whole conversation re-prefilled every turn).
 
 The first --warmup rounds are not timed; medians over --reps rounds. Per-turn rollout times are the
 engine calls of each turn (all episodes of the step together). One torch thread unless --threads.
@@ -26,8 +23,7 @@ Then the floor of that ratio under this workload: T turns decode T times what th
 update computes (its token positions / the plan update's) times the plan update's work (each group's
 common prefix counted once, as the shared-prefix update runs it):
 ``floor: T x plan rollout + U x plan update (...) = F s = Fx plan``.
-Last line: ``multi-turn: T-turn step X s vs plan Y s = Rx (re-prefill: X' s = R'x)``; for each window k a line
-``window k: T-turn step X s = Rx plan; its floor Fx (U x plan update); Q of its floor``.
+Last line: ``multi-turn: T-turn step X s vs plan Y s = Rx (re-prefill: X' s = R'x)``.
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ from rewards import MazeExit  # noqa: E402
 from rlkit.algorithms.grpo import group_advantages  # noqa: E402
 from rlkit.config import AlgorithmConfig  # noqa: E402
 from rlkit.policy import SamplingParams, TransformersEngine  # noqa: E402
-from rlkit.rollout import rollout, training_sequences  # noqa: E402
+from rlkit.rollout import rollout  # noqa: E402
 from rlkit.update import grpo_update  # noqa: E402
 from scripts.bench_update import build_policy  # noqa: E402
 
@@ -73,21 +69,14 @@ class TimedEngine:
     def generate_cached(self, prompts, sampling, states=None):
         return self._timed(self.engine.generate_cached, prompts, sampling, states)
 
-    def trim_state(self, state, num_tokens):
-        return self.engine.trim_state(state, num_tokens)
 
-
-def update_tokens(trajs) -> int:
+def update_tokens(trajs, group: int) -> int:
     """Token positions the shared-prefix update computes: each group's common token prefix once, every
-    member's own suffix (a group: its trajectories' training sequences, rlkit.rollout.training_sequences:
-    one per segment under a history window). A lower bound on its work: the image check and the micro-batch
-    cuts can only make it compute more."""
-    seqs, _ = training_sequences(trajs, torch.zeros(len(trajs)))
-    groups: dict = {}
-    for t in seqs:
-        groups.setdefault(t.group, []).append(t.input_ids)
+    member's own suffix (groups of ``group`` contiguous trajectories). A lower bound on its work: the
+    image check and the micro-batch cuts can only make it compute more."""
     total = 0
-    for ids in groups.values():
+    for k in range(0, len(trajs), group):
+        ids = [t.input_ids for t in trajs[k : k + group]]
         common = 0
         while all(len(x) > common for x in ids) and len({x[common] for x in ids}) == 1:
             common += 1
@@ -95,13 +84,11 @@ def update_tokens(trajs) -> int:
     return total
 
 
-def grpo_step(policy, engine, env, seeds, group, sampling, algo, opt, reward, round_: int,
-              history_images: int | None = None) -> dict:
-    """One GRPO step (rollout.history_images = ``history_images``); returns its timings (seconds) and per-turn
-    engine calls."""
+def grpo_step(policy, engine, env, seeds, group, sampling, algo, opt, reward, round_: int) -> dict:
+    """One GRPO step; returns its timings (seconds) and per-turn engine calls."""
     timed = TimedEngine(engine)
     t0 = time.perf_counter()
-    trajs = rollout(env, policy, timed, seeds, group, sampling, policy_version=0, history_images=history_images)
+    trajs = rollout(env, policy, timed, seeds, group, sampling, policy_version=0)
     t1 = time.perf_counter()
     rewards = torch.tensor([reward(t.episode).total for t in trajs], dtype=torch.float32)  # [B*G]
     adv = group_advantages(rewards, group, algo.norm_adv_by_std, algo.adv_eps)  # [B*G]
@@ -111,8 +98,8 @@ def grpo_step(policy, engine, env, seeds, group, sampling, algo, opt, reward, ro
     return {
         "step": t2 - t0, "rollout": t1 - t0, "update": t2 - t1, "turns": timed.calls,
         "mean_turns": sum(len(t.episode.turns) for t in trajs) / len(trajs),
-        "mean_len": sum(t.num_tokens for t in trajs) / len(trajs),
-        "update_tokens": update_tokens(trajs),
+        "mean_len": sum(len(t.input_ids) for t in trajs) / len(trajs),
+        "update_tokens": update_tokens(trajs, group),
     }
 
 
@@ -124,8 +111,6 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="samples per task (G)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: conf/train.yaml rollout)")
     ap.add_argument("--no-prefill-baseline", action="store_true", help="skip the re-prefill variants")
-    ap.add_argument("--history-images", type=int, nargs="*", default=[], metavar="K",
-                    help="also time each T-turn step with rollout.history_images=K (kept caches)")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds (each runs every variant)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -145,13 +130,11 @@ def main() -> None:
     inter_yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "visgym_interactive.yaml"))
     for d in (plan_yaml, inter_yaml):
         d.pop("_target_")
-    variants = {"plan": (VisGymMaze(**plan_yaml), True, None)}
+    variants = {"plan": (VisGymMaze(**plan_yaml), True)}
     for t in args.turns:
-        variants[f"{t} turns cached"] = (VisGymMaze(**{**inter_yaml, "max_turns": t}), True, None)
+        variants[f"{t} turns cached"] = (VisGymMaze(**{**inter_yaml, "max_turns": t}), True)
         if not args.no_prefill_baseline:
-            variants[f"{t} turns prefill"] = (VisGymMaze(**{**inter_yaml, "max_turns": t}), False, None)
-        for k in args.history_images:
-            variants[f"{t} turns window {k}"] = (VisGymMaze(**{**inter_yaml, "max_turns": t}), True, k)
+            variants[f"{t} turns prefill"] = (VisGymMaze(**{**inter_yaml, "max_turns": t}), False)
     engines = {True: TransformersEngine(policy, reuse_kv=True), False: TransformersEngine(policy, reuse_kv=False)}
     n = policy.num_parameters()
     print(f"policy: {args.sizes} sizes, {n['total']:,} params (LoRA trainable {n['trainable']:,}); "
@@ -164,8 +147,8 @@ def main() -> None:
         order = names if r % 2 == 0 else names[::-1]
         sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new, seed=r)
         for name in order:
-            env, reuse, window = variants[name]
-            res = grpo_step(policy, engines[reuse], env, seeds, args.group, sampling, algo, opt, reward, r, window)
+            env, reuse = variants[name]
+            res = grpo_step(policy, engines[reuse], env, seeds, args.group, sampling, algo, opt, reward, r)
             if r >= args.warmup:
                 results[name].append(res)
         print(f"round {r}{' (warm-up)' if r < args.warmup else ''}: "
@@ -175,13 +158,13 @@ def main() -> None:
     med = {k: {f: statistics.median(x[f] for x in v)
                for f in ("step", "rollout", "update", "mean_turns", "mean_len", "update_tokens")}
            for k, v in results.items()}
-    print(f"{'variant':<20} {'step s':>7} {'rollout s':>9} {'update s':>8} {'turns':>5} {'seq len':>7}  per-turn rollout s (prefilled+cached tokens)")
+    print(f"{'variant':<18} {'step s':>7} {'rollout s':>9} {'update s':>8} {'turns':>5} {'seq len':>7}  per-turn rollout s (prefilled+cached tokens)")
     for k, m in med.items():
         calls = results[k]
         per_turn = [statistics.median(c["turns"][i][0] for c in calls) for i in range(min(len(c["turns"]) for c in calls))]
         toks = calls[0]["turns"]
         turns_s = " ".join(f"{s:.2f}({p}+{c})" for s, (_, p, c) in zip(per_turn, toks))
-        print(f"{k:<20} {m['step']:>7.2f} {m['rollout']:>9.2f} {m['update']:>8.2f} {m['mean_turns']:>5.1f} {m['mean_len']:>7.0f}  {turns_s}")
+        print(f"{k:<18} {m['step']:>7.2f} {m['rollout']:>9.2f} {m['update']:>8.2f} {m['mean_turns']:>5.1f} {m['mean_len']:>7.0f}  {turns_s}")
     plan = med["plan"]["step"]
     for t in args.turns:
         cached = med[f"{t} turns cached"]["step"]
@@ -196,14 +179,6 @@ def main() -> None:
             pre = med[f"{t} turns prefill"]["step"]
             line += f" (re-prefill: {pre:.2f} s = {pre / plan:.1f}x)"
         print(line)
-        for k in args.history_images:
-            w = med[f"{t} turns window {k}"]
-            u = w["update_tokens"] / med["plan"]["update_tokens"]
-            w_floor = t * med["plan"]["rollout"] + u * med["plan"]["update"]
-            print(f"window {k}: {t}-turn step {w['step']:.2f} s = {w['step'] / plan:.1f}x plan (rollout {w['rollout']:.2f} s, "
-                  f"update {w['update']:.2f} s); its floor {w_floor / plan:.1f}x ({u:.1f} x plan update: "
-                  f"{w['update_tokens']:.0f} tokens); {w['step'] / w_floor:.2f} of its floor, "
-                  f"{w['step'] / floor:.2f} of the full-history floor")
 
 
 if __name__ == "__main__":

@@ -37,9 +37,6 @@ def test_defaults_and_every_experiment_are_valid():
     ("trainer.restart_wait_s=0", "trainer.restart_wait_s=0.0 must be > 0"),
     ("rollout.top_p=0", "rollout.top_p=0.0 must be > 0 and <= 1"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0"),
-    ("rollout.history_images=0", "rollout.history_images=0 must be an integer >= 1 or null (null = every picture kept)"),
-    ("rollout.history_images=2 algorithm.loss_reduction=seq_mean_token_mean",
-     "rollout.history_images=2 trains an episode as several sequences"),
     ("rollout.eval_temperature=-0.5", "rollout.eval_temperature=-0.5 must be >= 0 (0 = greedy)"),
     ("algorithm.kl_coef=-0.1", "algorithm.kl_coef=-0.1"),
     ("algorithm.entropy_coef=-0.1", "algorithm.entropy_coef=-0.1"),
@@ -103,8 +100,3 @@ def test_every_typed_field_has_a_rule():
         for f in fields(cls):
             key = f"{prefix}.{f.name}"
             assert key in RANGES or key in free, f"{key} has no valid-range rule in rlkit.config.RANGES"
-
-
-def test_history_window_with_token_mean_passes():
-    assert check_ranges(_compose(["rollout.history_images=1"])) == []
-    assert check_ranges(_compose(["rollout.history_images=1", "experiment=interactive_demo"])) == []

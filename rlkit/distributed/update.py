@@ -54,7 +54,7 @@ import torch.distributed as dist
 from rlkit.algorithms.grpo import TOKEN_DIAGNOSTICS
 from rlkit.algorithms.nll import AuxTerm, active_terms, demonstration_nll
 from rlkit.config import AlgorithmConfig
-from rlkit.rollout import Trajectory, training_sequences
+from rlkit.rollout import Trajectory
 from rlkit.update import collapse_batch, kept_sequences, micro_batch_loss, minibatches, order_by_group
 
 
@@ -136,7 +136,6 @@ def plan_update(
     is skipped, as grpo_update's ``policy/skipped``; the generator is not drawn from). With terms and no
     kept sequence: one optimizer step on them alone.
     """
-    trajectories, advantages = training_sequences(trajectories, advantages)  # a windowed episode's segments
     keep = kept_sequences(trajectories, advantages, cfg)
     terms = active_terms(aux_terms)
     if not keep and not terms:

@@ -78,7 +78,6 @@ class RolloutSpec:
     fixed_image_seed: int | None = None  # control=fixed_image: every env shows this training task's first picture
     engine: str = "rlkit"
     log_dir: str | None = None
-    history_images: int | None = None  # rollout.history_images: the last N pictures in a turn's context (None = all)
 
 
 def configure_process(threads: int, deterministic: bool = False) -> None:
@@ -328,7 +327,7 @@ class RolloutWorker:
         load = self.sync(version)
         t0 = time.perf_counter()
         trajs = rollout(self.env_spec, self.policy, self.engine, list(seeds), group_size, sampling,
-                        policy_version=self.subscriber.version, history_images=self.spec.history_images)
+                        policy_version=self.subscriber.version)
         return trajs, {"load": load, "rollout_s": time.perf_counter() - t0, **self._engine_info()}
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
@@ -350,7 +349,7 @@ class RolloutWorker:
         load = self.sync(version)
         metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, list(seeds), sampling,
                                             policy_version=self.subscriber.version, pass_k=int(pass_k),
-                                            pass_k_sampling=pass_k_sampling, history_images=self.spec.history_images)
+                                            pass_k_sampling=pass_k_sampling)
         return metrics, per_task, trajs[:keep_trajectories], load
 
     def generate(self, prompts: list[Any], sampling: Any, version: int) -> list[list[Any]]:

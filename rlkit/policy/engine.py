@@ -297,25 +297,6 @@ class TransformersEngine:
         """
         return self._generate(prompts, sampling, states, keep=True)
 
-    def trim_state(self, state: KVState, num_tokens: int) -> KVState | None:
-        """``state`` cut to its first ``num_tokens`` tokens, for a conversation that keeps only those of it (a history
-        window dropping a picture: rlkit.rollout cuts at the first token that changed, before the dropped picture).
-
-        Returns: ``state`` itself when it has no more tokens; a KVState of keys/values [H_kv, num_tokens, D] (views of
-        the state's) when the cut keeps only text (no vision token: its mrope positions are then 0..num_tokens-1, so
-        the next one is num_tokens, as in ``_common_prompt_prefix``); None (prefill in full) when num_tokens < 1 or
-        the kept part holds an image (its positions would need the image's grid). Raises nothing.
-        """
-        if num_tokens >= state.num_tokens:
-            return state
-        ids = state.input_ids[:num_tokens]
-        chat = self.policy.chat
-        vision = {chat.image_pad_id, chat.video_pad_id, chat.vision_start_id, chat.vision_end_id}
-        if num_tokens < 1 or any(i in vision for i in ids):
-            return None
-        return KVState(keys=[k[:, :num_tokens] for k in state.keys], values=[v[:, :num_tokens] for v in state.values],
-                       input_ids=list(ids), num_images=0, next_position=num_tokens)
-
     def _generate(self, prompts, sampling, states, keep: bool) -> tuple[list[list[Completion]], list[list[KVState]]]:
         sampling.validate()
         if not prompts:

@@ -40,7 +40,6 @@ class ExecutorContext:
     deterministic: bool
     progress: Any
     rollout_engine: str = "rlkit"
-    history_images: int | None = None  # rollout.history_images: the last N pictures in a turn's context (None = all)
 
 
 class Executor(Protocol):

@@ -133,8 +133,7 @@ class GRPORecipe:
             env_spec=self.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=self.algo,
             optim=self.optim, lr=float(cfg.lr), temperature=r.temperature if r.temperature > 0 else 1.0,
             reuse_kv_cache=r.reuse_kv_cache, fixed_image_seed=self.fixed_image_seed,
-            deterministic=self.trainer.deterministic, progress=self.progress, rollout_engine=r.engine,
-            history_images=r.history_images)
+            deterministic=self.trainer.deterministic, progress=self.progress, rollout_engine=r.engine)
         self.executor.start(self._executor_ctx)
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
         ws.check_answer_fits(job, self.executor.tokenizer or cfg.policy.get("path"))

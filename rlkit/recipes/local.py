@@ -129,10 +129,9 @@ class LocalExecutor:
         after ``step - 1`` updates; with vLLM, that version's load and probe metrics."""
         if not self._vllm:
             return rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling,
-                           policy_version=step - 1, history_images=self.ctx.history_images), {}
+                           policy_version=step - 1), {}
         extra = self._load(step - 1)
-        trajs = rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling, policy_version=step - 1,
-                        history_images=self.ctx.history_images)
+        trajs = rollout(self.ctx.env_spec, self.policy, self.engine, seeds, group_size, sampling, policy_version=step - 1)
         extra.update(self._startup_metric)
         self._startup_metric = {}
         return trajs, {**extra, **self._probe_metrics()}
@@ -162,8 +161,7 @@ class LocalExecutor:
         if self._vllm:
             self._load(version)
         metrics, per_task, trajs = evaluate(self.ctx.env_spec, self.policy, self.engine, seeds, greedy,
-                                            policy_version=version, pass_k=pass_k, pass_k_sampling=pass_k_sampling,
-                                            history_images=self.ctx.history_images)
+                                            policy_version=version, pass_k=pass_k, pass_k_sampling=pass_k_sampling)
         return metrics, per_task, trajs[:keep_trajectories] if keep_trajectories else []
 
     @contextlib.contextmanager

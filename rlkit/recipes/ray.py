@@ -137,7 +137,6 @@ class RayExecutor:
                                    strategy=s.strategy, **common)
         rollout_spec = RolloutSpec(env=ctx.env_cfg, sync_timeout_s=s.sync_timeout_s, reuse_kv_cache=ctx.reuse_kv_cache,
                                    fixed_image_seed=ctx.fixed_image_seed, engine=engine,
-                                   history_images=getattr(ctx, "history_images", None),
                                    log_dir=None if self.log_dir is None else str(self.log_dir), **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start(pg_timeout_s=wait_s)

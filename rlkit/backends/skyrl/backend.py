@@ -44,8 +44,7 @@ class SkyRLBackend:
         Raises:
             SkyRLConfigError: options SkyRL cannot honour; SkyRL rejecting the compiled config.
             ConfigError: a missing WANDB_API_KEY for SkyRL's wandb logger; ``trainer.resume_mode=none``
-                over existing checkpoints without ``trainer.overwrite``; ``rollout.history_images`` set (SkyRL's
-                generator keeps every picture).
+                over existing checkpoints without ``trainer.overwrite``.
             SkyRLUnavailableError: SkyRL's GPU stack is not installed (dry runs do not need it).
         """
         from rlkit.backends.skyrl.schema import SkyRLNotInstalledError, validate
@@ -81,10 +80,6 @@ class SkyRLBackend:
 
     def _preflight(self, job: SkyRLJob, cfg: DictConfig) -> None:
         trainer = job.config["trainer"]
-        window = cfg.get("rollout", {}).get("history_images")
-        if window is not None:
-            raise ConfigError(f"rollout.history_images={window} is a native-backend rollout option (rlkit/rollout.py); "
-                              "SkyRL's generator keeps every picture: use backend=native or native_ray, or drop it")
         if trainer["logger"] == "wandb" and not os.environ.get("WANDB_API_KEY"):
             raise ConfigError(
                 "SkyRL's wandb logger requires WANDB_API_KEY (skyrl validate_generator_cfg), also for "
