@@ -329,3 +329,40 @@ def test_a_warm_start_keys_the_grounding_tasks_it_mixes_in(tmp_path):
     assert key("sft.grounding_mix=2", "grounding.tasks=[cell,walls]") == {
         "lr": 1e-3, "grounding_mix": 2, "grounding_mix_tasks": ["cell", "walls"]}
     assert key("sft.grounding_mix=0", "grounding.tasks=[cell]") == {"lr": 1e-3, "grounding_mix": 0}
+
+
+#: experiment=interactive_demo at smoke sizes: the plan-mode smoke's warm start as the chain's first link (instead of
+#: the full plan default's), 2 interactive GRPO steps of 2 tasks x 2, greedy interactive evaluation on 3 mazes.
+INTERACTIVE_SMOKE = ["experiment=interactive_demo", "sft.start_from_env=null", "sft.start_from_experiment=smoke",
+                     "steps=2", "group_size=2", "tasks_per_step=2", "trainer.eval_interval=0", "trainer.quiet=true",
+                     "eval.num_tasks=3", "sft.num_demos=16", "sft.max_steps=2", "sft.batch_size=4", "sft.val_tasks=2",
+                     "sft.eval_every=2", "sampling.name=plain", "sampling.max_rounds=0", "sampling.adaptive_batch=false",
+                     "algorithm.filter_zero_variance_groups=false", "logger=console"]
+
+
+def test_interactive_chain_runs_end_to_end(tmp_path):
+    """The interactive setting's whole chain at tiny sizes (~50 s): a plan-mode warm start, the interactive warm start
+    chained from it with recovery demonstrations, 2 GRPO steps of multi-turn episodes, and the interactive
+    evaluation before and after, so the chain cannot break silently."""
+    out = tmp_path / "run"
+    proc = _run([*INTERACTIVE_SMOKE, f"hydra.run.dir={out}"], tmp_path)
+    assert "SFT warm start: first the warm start of experiment=smoke" in proc.stdout
+    builds = {}
+    for f in (tmp_path / "cache" / "sft").glob("*/sft_summary.json"):
+        build = json.loads(f.read_text())["build"]
+        builds[build["inputs"]["env"]["mode"]] = (f.parent, build)
+    assert set(builds) == {"plan", "interactive"}
+    inner, outer = builds["plan"], builds["interactive"]
+    assert outer[1]["start"] == str(inner[0])  # the interactive warm start trains on from the plan one
+    assert outer[1]["inputs"]["sft"]["recovery_share"] == 0.5 and outer[1]["inputs"]["env"]["max_turns"] == 17
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps_completed"] == 2
+    assert Path(result["warm_start_dir"]) == outer[0]
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["env/mean_turns"] > 1 for r in steps)  # multi-turn episodes were trained on
+    final = json.loads((out / "eval" / "final.json").read_text())["tasks"]
+    assert [t["seed"] for t in final] == [0, 1, 2]
+    assert all(t["turns"] == len(t["actions"]) and t["turns"] > 1 for t in final if not t["success"])
+    assert "eval success on visgym_small_64 (3 tasks)" in proc.stdout
