@@ -719,7 +719,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     from hydra.core.utils import JobReturn, JobStatus, setup_globals
     from omegaconf import OmegaConf, open_dict, read_write
 
-    from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys_of
+    from rlkit.sweep import SWEPT_KEYS_ENV, sweep_group_name, swept_keys_of
 
     setup_globals()
     s: Settings = launcher.settings
@@ -744,9 +744,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     mode = resolved_mode(s)
     python = s.python or (sys.executable if s.is_local() else "python")
     env_vars = job_env_vars(s)
-    sweep_name = local_sweep.name
     if "WANDB_RUN_GROUP" not in env_vars:  # the local launcher's W&B group for the sweep (rlkit.backends)
-        env_vars["WANDB_RUN_GROUP"] = f"sweep-{sweep_name}"
+        env_vars["WANDB_RUN_GROUP"] = sweep_group_name(local_sweep)
     # each job is a single run on the cluster: tell it which keys this sweep sweeps, so that a sweep rerun into
     # the same folders with other values is refused there as in a local multirun (rlkit.sweep.SWEPT_KEYS_ENV)
     env_vars[SWEPT_KEYS_ENV] = ",".join(sorted(swept_keys_of(

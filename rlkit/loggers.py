@@ -9,13 +9,16 @@ The logger interface the training loop uses (``Logger``):
     log_table(key, columns, rows, step)      sample tables; PIL images in cells are images
     log_artifact(path, name, kind)           a folder (the LoRA adapter) as a versioned artifact
     finish()
+``run_name`` is the job's Hydra overrides joined by commas (``rlkit.recipes.common.run_name``;
+``default`` without any): a label for the sinks, not W&B's run name (``default_run_name``).
 
 Options (conf/logger/*.yaml, ``logger=<name>``): ``wandb`` (default), ``console``, ``tensorboard``,
 ``multi`` (W&B + TensorBoard; its ``loggers`` mapping takes any logger configs). When the job runs
 inside a Ray cluster, the step metrics are also exported as Ray metrics (``rlkit.metrics_export``).
 
 W&B mode ``auto`` follows wandb's documented offline behaviour: ``WANDB_MODE`` when it is set,
-otherwise online when ``WANDB_API_KEY`` is set, otherwise offline (files under
+otherwise online when wandb has credentials (``WANDB_API_KEY``, or the netrc entry ``wandb login``
+writes; ``wandb_credentials``), otherwise offline (files under
 ``<output_dir>/wandb/offline-run-*``, uploadable later with ``wandb sync <that folder>``). A resumed
 run passes the stored run id with ``resume="allow"`` (wandb's resume docs: continue the run with
 that id if it exists, create it otherwise), so W&B continues the same run; offline, each segment is
@@ -32,6 +35,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -136,13 +140,51 @@ class ConsoleLogger:
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
+def wandb_credentials() -> str | None:
+    """Where wandb would find an API key for its server without asking: ``"WANDB_API_KEY"``,
+    ``"WANDB_IDENTITY_TOKEN_FILE"``, or the path of the netrc file holding the key ``wandb login``
+    wrote; None when there is none. Reads no network.
+
+    Follows wandb's own lookup (``wandb.sdk.lib.wbauth``, wandb 0.31: the environment first, then
+    ``wbauth.read_netrc_auth``): the netrc file is ``$NETRC``, else ``~/.netrc`` (``~/_netrc``),
+    and its entry is the one for the host of ``$WANDB_BASE_URL`` (default ``https://api.wandb.ai``).
+    A netrc entry wandb would reject (a malformed key, an invalid ``WANDB_BASE_URL``) counts as none,
+    with a warning naming why; wandb's global settings file is not read.
+
+    Raises: nothing (an unreadable netrc file is wandb's warning and counts as none).
+    """
+    if os.environ.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY"
+    if os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return "WANDB_IDENTITY_TOKEN_FILE"
+    from wandb.errors import AuthenticationError
+    from wandb.sdk.lib import urls
+    from wandb.sdk.lib.wbauth import wbnetrc
+
+    host = os.environ.get("WANDB_BASE_URL") or urls.DEFAULT_BASE_URL
+    try:
+        found = wbnetrc.read_netrc_auth_with_source(host=wbnetrc.HostUrl(host))
+    except (AuthenticationError, ValueError) as e:
+        log.warning("W&B: ignoring the netrc credentials for %s (%s); logging offline", host, e)
+        return None
+    return found.source if found is not None else None
+
+
+def check_wandb_mode(mode: str) -> None:
+    """Raises: ValueError on a mode that is not one of ``WANDB_MODES``."""
+    if mode not in WANDB_MODES:
+        raise ValueError(f"logger.mode={mode!r} is not one of {', '.join(WANDB_MODES)}")
+
+
 def resolve_wandb_mode(mode: str) -> str:
-    """``auto`` -> WANDB_MODE if set, else online with WANDB_API_KEY, else offline; others unchanged.
+    """``auto`` -> ``WANDB_MODE`` if set, else online when wandb has credentials
+    (``wandb_credentials``: ``WANDB_API_KEY`` or the netrc entry of ``wandb login``), else offline;
+    the other modes unchanged. This is what ``wandb.init`` itself would do online, minus its
+    interactive login prompt: a run never stops to ask for a key.
 
     Raises: ValueError on a mode that is not one of ``WANDB_MODES``.
     """
-    if mode not in WANDB_MODES:
-        raise ValueError(f"logger.mode={mode!r} is not one of {', '.join(WANDB_MODES)}")
+    check_wandb_mode(mode)
     if mode != "auto":
         return mode
     env_mode = os.environ.get("WANDB_MODE", "").strip().lower()
@@ -150,17 +192,63 @@ def resolve_wandb_mode(mode: str) -> str:
         return env_mode
     if env_mode == "dryrun":  # wandb's old spelling of offline
         return "offline"
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return "online" if wandb_credentials() else "offline"
+
+
+_DATE_DIR = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIME_DIR = re.compile(r"\d{2}-\d{2}-\d{2}")
+MAX_TAG_LEN = 64  # W&B refuses longer tags
+
+
+def default_run_name(output_dir: str | Path, label: str) -> str:
+    """The W&B run name when ``logger.name`` is null: ``<label>-<stamp>``, readable and one per run.
+
+    ``stamp`` comes from the run's output folder, so a resumed run keeps its name:
+    Hydra's default ``outputs/<YYYY-mm-dd>/<HH-MM-SS>`` -> ``YYYYmmdd-HHMMSS``; a sweep job's
+    ``multirun/<YYYY-mm-dd>/<HH-MM-SS>/<n>`` -> ``YYYYmmdd-HHMMSS-<n>``; any other folder -> its last
+    part (``<parent>-<n>`` for a sweep job numbered ``n``). Two runs started in different seconds
+    get different names; the overrides are not in the name (the run's config and tags hold them).
+
+    Raises: ValueError for an output folder without a name.
+    """
+    parts = Path(output_dir).parts
+    if not parts or not Path(output_dir).name:
+        raise ValueError(f"output folder {str(output_dir)!r} has no name to make a run name of")
+    leaf = parts[-1]
+    job = leaf if leaf.isdigit() else None
+    head = parts[:-1] if job is not None else parts
+    if len(head) >= 2 and _DATE_DIR.fullmatch(head[-2]) and _TIME_DIR.fullmatch(head[-1]):
+        stamp = head[-2].replace("-", "") + "-" + head[-1].replace("-", "")
+    else:
+        stamp = head[-1] if head else leaf
+    return "-".join(p for p in (label, stamp, job) if p)
+
+
+def hydra_job() -> tuple[str, list[str]]:
+    """(label, overrides) of the running Hydra job: the label is the chosen ``experiment``, else the
+    ``env`` config's name, else ``rlkit`` (``/`` -> ``-``); the overrides are the job's task
+    overrides (``hydra.overrides.task``). Outside a Hydra job: ``("rlkit", [])``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except ValueError:
+        return "rlkit", []
+    choices = dict(hc.runtime.choices)
+    label = choices.get("experiment") or choices.get("env") or "rlkit"
+    return str(label).replace("/", "-"), [str(o) for o in hc.overrides.task]
 
 
 class WandbLogger:
     """One Weights & Biases run per job; see the module docstring for modes and resume.
 
-    Args (conf/logger/wandb.yaml): project, entity, group (None: the sweep folder's name in a
-    multirun), tags, name (None: the job's override string), mode (auto|online|offline|disabled),
-    job_type (W&B's job type, "train").
+    Args (conf/logger/wandb.yaml): project, entity, group (None: the sweep's group in a multirun,
+    ``rlkit.sweep.sweep_group_name``), tags (the job's Hydra overrides are added, each one up to
+    W&B's 64 characters), name (None: ``default_run_name``, e.g. ``smoke-20260101-120000``), mode
+    (auto|online|offline|disabled), job_type (W&B's job type, "train").
 
-    What a run holds: the resolved config (``wandb.config``), every step's metrics with the step as
+    What a run holds: the resolved config (``wandb.config``) plus ``hydra_overrides`` (the job's
+    override list, ``[]`` without any), every step's metrics with the step as
     W&B's ``_step``, ``eval/success_rate`` summarised as its maximum and its last value
     (``define_metric(summary="max,last")``), the ``eval/samples`` table at each evaluation (maze images with
     the path taken, model outputs, rewards), and the adapter artifact (type ``lora_adapter``).
@@ -171,7 +259,7 @@ class WandbLogger:
     def __init__(self, project: str = "rlkit", entity: str | None = None, group: str | None = None,
                  tags: list[str] | None = None, name: str | None = None, mode: str = "auto",
                  job_type: str = "train"):
-        resolve_wandb_mode(mode)  # validates
+        check_wandb_mode(mode)
         self.project, self.entity, self.group = project, entity, group
         self.tags, self.name, self.mode, self.job_type = list(tags or []), name, mode, job_type
         self._run = None
@@ -184,14 +272,16 @@ class WandbLogger:
         import wandb
 
         mode = self._mode = resolve_wandb_mode(self.mode)
+        label, overrides = hydra_job()
+        tags = self.tags + [o for o in overrides if len(o) <= MAX_TAG_LEN and o not in self.tags]
         self._run = wandb.init(
             project=self.project,
             entity=self.entity,
             group=self.group or group,
             job_type=self.job_type,
-            tags=self.tags,
-            name=self.name or run_name,
-            config=config,
+            tags=tags,
+            name=self.name or default_run_name(output_dir, label),
+            config={**config, "hydra_overrides": overrides},
             dir=str(output_dir),
             mode=mode,
             id=resume_id,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +29,29 @@ COLUMNS = ["job", "swept", "overrides", "status", "attempts", "success_before", 
 #: comma-separated. A cluster job runs train.py as a single run, without the sweep's multirun.yaml beside it,
 #: so this is how it knows which keys its sweep sweeps (rlkit.resume.check_sweep_resume).
 SWEPT_KEYS_ENV = "RLKIT_SWEPT_KEYS"
+
+
+_DATE_DIR = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def sweep_group_name(sweep_dir: str | Path) -> str:
+    """The W&B group (and Prometheus ``group`` label) of a sweep's jobs, from its sweep folder.
+
+    Hydra's default sweep folder is ``multirun/<YYYY-mm-dd>/<HH-MM-SS>`` (conf/train.yaml
+    ``hydra.sweep.dir``): its group is ``sweep-<YYYY-mm-dd>_<HH-MM-SS>``, dated, so sweeps started
+    at the same clock time on different days are different groups. Any other folder (one named with
+    ``hydra.sweep.dir=...``) gives ``sweep-<its last part>``, the name its user chose. Only the path
+    is read (nothing on disk), so every job of a sweep, and the Ray launcher submitting them
+    (launchers/ray_jobs.py), get the same group whenever and wherever they run.
+
+    Raises: ValueError for a folder without a name (``""``, ``/``).
+    """
+    path = Path(sweep_dir)
+    if not path.name:
+        raise ValueError(f"sweep folder {str(sweep_dir)!r} has no name to make a group of")
+    if _DATE_DIR.fullmatch(path.parent.name):
+        return f"sweep-{path.parent.name}_{path.name}"
+    return f"sweep-{path.name}"
 
 
 def swept_keys_of(task_overrides: Sequence[str]) -> set[str]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+
+from rlkit.sweep import sweep_group_name
 
 
 def seed_everything(seed: int) -> None:
@@ -27,11 +28,12 @@ def run_name() -> str:
 
 
 def sweep_group() -> str | None:
-    """``sweep-<sweep dir name>`` in a multirun (the loggers group a sweep's jobs by it), else None."""
+    """The sweep's group in a multirun (``rlkit.sweep.sweep_group_name``: ``sweep-<date>_<time>`` for
+    Hydra's default sweep folder; the loggers group a sweep's jobs by it), else None."""
     try:
         hc = HydraConfig.get()
     except ValueError:
         return None
     if str(hc.mode) == "RunMode.MULTIRUN":
-        return "sweep-" + Path(hc.sweep.dir).name
+        return sweep_group_name(hc.sweep.dir)
     return None

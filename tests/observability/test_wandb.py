@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from rlkit.loggers import resolve_wandb_mode
+from rlkit.loggers import default_run_name, resolve_wandb_mode, wandb_credentials
+from rlkit.sweep import sweep_group_name
 from tests.observability.conftest import run_train
 from tests.observability.wandb_reader import assert_wandb_matches_metrics, read_run, records
 
@@ -124,9 +125,8 @@ def test_resume_continues_the_same_wandb_run(smoke_run, tmp_path):
     ("offline", {"WANDB_API_KEY": "x" * 40}, "offline"),
     ("online", {}, "online"),
 ])
-def test_wandb_mode_resolution(monkeypatch, mode, env, expected):
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+def test_wandb_mode_resolution(monkeypatch, tmp_path, mode, env, expected):
+    _no_wandb_credentials(monkeypatch, tmp_path)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert resolve_wandb_mode(mode) == expected
@@ -137,3 +137,85 @@ def test_wandb_unknown_mode_is_an_error():
 
     with pytest.raises(ValueError, match="logger.mode='ofline'"):
         WandbLogger(mode="ofline")
+
+
+FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 characters: the format wandb checks, no real key
+
+
+def _no_wandb_credentials(monkeypatch, tmp_path):
+    """No credential from any source: empty HOME, no NETRC, no W&B variables."""
+    for k in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(k, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def test_wandb_auto_is_online_after_wandb_login(monkeypatch, tmp_path):
+    """What `wandb login` leaves behind (a ~/.netrc entry for api.wandb.ai) makes auto go online,
+    without WANDB_API_KEY; no network is used."""
+    home = _no_wandb_credentials(monkeypatch, tmp_path)
+    assert wandb_credentials() is None and resolve_wandb_mode("auto") == "offline"
+    netrc = home / ".netrc"
+    netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {FAKE_KEY}\n")
+    netrc.chmod(0o600)
+    assert wandb_credentials() == str(netrc)
+    assert resolve_wandb_mode("auto") == "online"
+    assert resolve_wandb_mode("offline") == "offline"  # an explicit mode still wins
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert resolve_wandb_mode("auto") == "offline"
+
+
+def test_wandb_credentials_follow_netrc_and_base_url(monkeypatch, tmp_path):
+    """$NETRC is read instead of ~/.netrc, and the entry must be for $WANDB_BASE_URL's host."""
+    _no_wandb_credentials(monkeypatch, tmp_path)
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine wandb.example.com login user password {FAKE_KEY}\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert resolve_wandb_mode("auto") == "offline"  # an entry for another host than api.wandb.ai
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
+    assert wandb_credentials() == str(netrc) and resolve_wandb_mode("auto") == "online"
+    netrc.write_text("machine wandb.example.com login user password not-a-key\n")  # wandb would reject it
+    assert wandb_credentials() is None and resolve_wandb_mode("auto") == "offline"
+
+
+def test_default_run_names_are_dated_and_unique():
+    """Two plain runs (Hydra's outputs/<date>/<time>) get different names; a resumed run, in the same
+    folder, gets the same one; a sweep job's number is kept; another folder gives its last part."""
+    first = default_run_name("/w/outputs/2026-03-01/09-15-00", "smoke")
+    second = default_run_name("/w/outputs/2026-03-01/09-15-07", "smoke")
+    assert first == "smoke-20260301-091500" and second == "smoke-20260301-091507"
+    assert default_run_name("/w/outputs/2026-03-01/09-15-00", "smoke") == first
+    assert default_run_name("multirun/2026-03-02/09-15-00/3", "tiny_9x9") == "tiny_9x9-20260302-091500-3"
+    assert default_run_name("/tmp/runs/lr3e5", "rlkit") == "rlkit-lr3e5"
+    assert default_run_name("/tmp/mysweep/0", "rlkit") == "rlkit-mysweep-0"
+    with pytest.raises(ValueError, match="no name"):
+        default_run_name("/", "rlkit")
+
+
+def test_sweep_groups_are_dated():
+    """Sweeps at the same clock time on different days are different groups (W&B and Prometheus)."""
+    a = sweep_group_name("multirun/2026-03-01/09-15-00")
+    b = sweep_group_name("/abs/multirun/2026-03-02/09-15-00")
+    assert a == "sweep-2026-03-01_09-15-00" and b == "sweep-2026-03-02_09-15-00"
+    assert sweep_group_name("/tmp/x/my-sweep") == "sweep-my-sweep"  # a folder its user named
+    with pytest.raises(ValueError, match="no name"):
+        sweep_group_name("")
+
+
+def test_plain_run_gets_a_dated_name_and_overrides_in_config_and_tags(obs_tmp, tmp_path):
+    """A real (offline) run with logger.name unset: W&B's run record holds the dated name, the
+    overrides as config and tags; the sweep group is empty for a single run."""
+    out = tmp_path / "outputs" / "2026-03-01" / "09-15-00"
+    args = ["experiment=smoke", "logger=wandb", "logger.tags=[mine]", "steps=1", "eval.num_tasks=1",
+            f"hydra.run.dir={out}"]
+    run_train(args, obs_tmp)  # obs_tmp: the session's build cache
+    (wfile,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    run = next(r.run for r in records(wfile) if r.WhichOneof("record_type") == "run")
+    assert run.display_name == "smoke-20260301-091500"
+    assert list(run.tags) == ["mine", "experiment=smoke", "logger=wandb", "logger.tags=[mine]", "steps=1",
+                              "eval.num_tasks=1"]
+    assert run.run_group == ""
+    assert read_run(wfile)["config"]["hydra_overrides"] == args[:-1]
