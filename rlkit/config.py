@@ -16,6 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from rlkit.cache_dir import register_resolver
+
 #: conf/compat.yaml: how the config of a checkpoint written by an earlier rlkit is read (keys added, renamed and
 #: removed since), for resume and the warm-start cache keys. Loaded once, as plain dicts.
 COMPAT_FILE = Path(__file__).resolve().parents[1] / "conf" / "compat.yaml"
@@ -528,7 +530,9 @@ def _cosine_problems(where: str, sft: Any) -> list[str]:
 
 
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (idempotent)."""
+    """Store the schemas in Hydra's ConfigStore and add the ``${rlkit_cache_dir:}`` resolver conf/train.yaml's
+    ``paths.cache_dir`` uses (rlkit.cache_dir); idempotent."""
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="rlkit_train_schema", node=TrainConfig)
 

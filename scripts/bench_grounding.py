@@ -31,6 +31,7 @@ from envs.visgym.spec import VisGymMaze  # noqa: E402
 from rlkit.config import GroundingConfig  # noqa: E402
 from rlkit.stages.grounding import format_table, train_grounding  # noqa: E402
 from rlkit.policy import load_policy  # noqa: E402
+from rlkit.policy.tiny import default_cache_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,7 @@ def main() -> None:
                    "tiny policy's image grid for it from conf/image_grid/ when there is one)")
     p.add_argument("--tiny", default="{}", help="JSON overrides of conf/policy/tiny_vl.yaml's tiny sizes")
     p.add_argument("--dtype", default=None, help="policy dtype (default: conf/policy/tiny_vl.yaml's, auto: bfloat16 with native bf16 matmuls, else float32)")
-    p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "tiny_vl"))
+    p.add_argument("--cache-dir", default=str(default_cache_dir()), help="tiny checkpoints (default: a job's, rlkit/cache_dir.py)")
     p.add_argument("--out", default=str(ROOT / "bench_out" / "grounding"))
     p.add_argument("--arms", default="image,blind")
     args = p.parse_args()

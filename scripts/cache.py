@@ -1,6 +1,6 @@
 """What the one-time builds cache holds: each grounding stage and warm start, what built it, and what is left over.
 
-    python scripts/cache.py                      # every build in $RLKIT_CACHE_DIR or ./.cache, oldest first
+    python scripts/cache.py                      # every build in train.py's cache (rlkit/cache_dir.py), oldest first
     python scripts/cache.py --show 019029a8      # one build's record: the config its key hashes, where it started
     python scripts/cache.py --prune              # remove leftovers (see below); --dry-run says what it would remove
     python scripts/cache.py --prune --stopped-older-than 7   # also stopped builds untouched for 7 days
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import shutil
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlkit.cache_dir import legacy_cache_note, user_cache_dir  # noqa: E402
 from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
 from rlkit.distributed.reaper import pid_alive  # noqa: E402
 
@@ -206,7 +206,8 @@ def prune(entries: list[Entry], stopped_days: float | None, dry_run: bool) -> in
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--cache-dir", type=Path, default=None,
-                    help="the cache (default: $RLKIT_CACHE_DIR, else ./.cache as train.py's paths.cache_dir)")
+                    help="the cache (default: train.py's paths.cache_dir: $RLKIT_CACHE_DIR, else "
+                         "$XDG_CACHE_HOME/rlkit, else ~/.cache/rlkit)")
     ap.add_argument("--show", metavar="KEY", help="print one finished build's summary record (a key or its prefix)")
     ap.add_argument("--prune", action="store_true", help="remove leftovers (module doc)")
     ap.add_argument("--stopped-older-than", type=float, metavar="DAYS", default=None,
@@ -217,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--stopped-older-than and --dry-run go with --prune")
     if args.stopped_older_than is not None and args.stopped_older_than < 0:
         ap.error(f"--stopped-older-than {args.stopped_older_than}: a number of days >= 0")
-    cache = args.cache_dir or Path(os.environ.get("RLKIT_CACHE_DIR") or Path.cwd() / ".cache")
+    cache = args.cache_dir or user_cache_dir()
     if not cache.is_dir():
-        ap.error(f"--cache-dir {cache}: no such folder (train.py caches its builds in ./.cache of the folder it "
-                 "runs in, or $RLKIT_CACHE_DIR)")
+        ap.error(f"--cache-dir {cache}: no such folder (train.py caches its builds in $RLKIT_CACHE_DIR, else "
+                 "$XDG_CACHE_HOME/rlkit, else ~/.cache/rlkit; before issue 77 in ./.cache of the folder it ran in)")
+    if args.cache_dir is None and (note := legacy_cache_note(cache)):
+        print(note, file=sys.stderr)
     entries = scan(cache)
     if args.show:
         e = find(entries, args.show)

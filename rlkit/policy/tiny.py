@@ -30,6 +30,7 @@ import torch
 import transformers
 from transformers import GenerationConfig, Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+from rlkit.cache_dir import user_cache_dir
 from rlkit.policy.lora import umask_permissions
 from rlkit.policy.processor import VIDEO_PROCESSOR_CONFIG, Qwen3VLImageProcessor, write_video_processor_config
 from rlkit.policy.tokenizer import (
@@ -230,9 +231,9 @@ def build_tiny_policy(out_dir: str | os.PathLike, sizes: TinyVLSizes | None = No
 
 
 def default_cache_dir() -> Path:
-    """Where built tiny checkpoints are cached: $RLKIT_CACHE_DIR/tiny_vl, else ~/.cache/rlkit/tiny_vl."""
-    root = os.environ.get("RLKIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rlkit")
-    return Path(root) / "tiny_vl"
+    """Where built tiny checkpoints are cached: ``<rlkit.cache_dir.user_cache_dir()>/tiny_vl`` ($RLKIT_CACHE_DIR,
+    else $XDG_CACHE_HOME/rlkit, else ~/.cache/rlkit), as conf/policy/tiny_vl.yaml's ``cache_dir`` in a job."""
+    return user_cache_dir() / "tiny_vl"
 
 
 def tiny_checkpoint(sizes: TinyVLSizes | None = None, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:

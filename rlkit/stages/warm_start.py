@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlkit import resume
+from rlkit.cache_dir import legacy_cache_note
 from rlkit.config import GroundingConfig, SFTConfig, compat_table, stop_strings
 from rlkit.errors import ConfigError
 from rlkit.plugins import compose_train, instantiate_plugin
@@ -399,6 +400,8 @@ def starting_checkpoint(job: WarmStartJob, resume_from: Path | None, build_threa
     if recorded is not None:  # the adapter goes back on the weights it was trained on, whatever keys them now
         progress.say(f"resuming on the warm start the run started from: {recorded}")
         return recorded
+    if builds and (note := legacy_cache_note(cfg.paths.cache_dir)):
+        progress.say(note)
     torch.set_num_threads(build_threads)
     try:
         base = (build_warm_start(plan_warm_start(job, validate, progress.say), progress) if cfg.sft.enabled
