@@ -179,8 +179,13 @@ def check_env(env_spec: Any, name: str | None = None) -> Any:
 
 def step_error(env: Any, text: str, err: Exception) -> EnvContractError:
     """The error to raise ``from err`` when ``env.step(text)`` raised during training (rlkit.rollout): names the
-    env class and the contract it broke; the env's own traceback stays chained as its cause."""
+    env class, the contract it broke and the frame that raised (file:line in function); the env's own traceback
+    stays chained as its cause."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     return EnvContractError(
-        f"{type(env).__name__}.step raised {type(err).__name__}: {_short(str(err), 200)} on the model output "
+        f"{type(env).__name__}.step raised {type(err).__name__}: {_short(str(err), 200)}{at} on the model output "
         f"{_short(text, 80)}; EpisodeEnv.step must not raise on malformed model output (return info['parse_ok']=False "
         f"instead; {CONTRACT_DOC}). The env's traceback is chained below this error (a train.py run: its error.txt)")
