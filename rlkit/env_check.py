@@ -185,7 +185,9 @@ def step_error(env: Any, text: str, err: Exception) -> EnvContractError:
 
     frames = traceback.extract_tb(err.__traceback__)
     at = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    said = " ".join(str(err).split())
+    said = said if len(said) <= 160 else said[:157] + "..."
     return EnvContractError(
-        f"{type(env).__name__}.step raised {type(err).__name__}: {_short(str(err), 200)}{at} on the model output "
-        f"{_short(text, 80)}; EpisodeEnv.step must not raise on malformed model output (return info['parse_ok']=False "
-        f"instead; {CONTRACT_DOC}). The env's traceback is chained below this error (a train.py run: its error.txt)")
+        f"{type(env).__name__}.step raised {type(err).__name__}: {said}{at}; EpisodeEnv.step must not raise on "
+        f"malformed model output (return info['parse_ok']=False instead; {CONTRACT_DOC}). The model output: "
+        f"{_short(text, 80)}. The env's traceback is chained below this error (a train.py run: its error.txt)")

@@ -127,9 +127,9 @@ def test_an_env_raising_during_training_names_its_class_and_contract_and_keeps_i
     with pytest.raises(EnvContractError) as err:
         _apply(live, [0], [comp], chat, max_turns=1)
     msg = str(err.value)
-    assert msg.startswith("RaisingEpisode.step raised ValueError: \"cannot parse action '<answer>up'\" (at "), msg
-    assert "broken_envs.py:" in msg and " in step) on the model output '<answer>up'; EpisodeEnv.step must not raise " \
-        "on malformed model output" in msg, msg
+    assert msg.startswith("RaisingEpisode.step raised ValueError: cannot parse action '<answer>up' (at "), msg
+    assert "broken_envs.py:" in msg and " in step); EpisodeEnv.step must not raise on malformed model output " \
+        f"(return info['parse_ok']=False instead; {CONTRACT_DOC}). The model output: '<answer>up'." in msg, msg
     assert isinstance(err.value.__cause__, ValueError)
     frames = [f.name for f in traceback.extract_tb(err.value.__cause__.__traceback__)]
     assert frames[-1] == "step" and "broken_envs.py" in traceback.extract_tb(err.value.__cause__.__traceback__)[-1].filename
