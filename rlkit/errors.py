@@ -14,3 +14,9 @@ class ConfigError(ValueError):
 
 class DiskFullError(OSError):
     """A write failed because its filesystem is full; the message names the path."""
+
+
+class EnvContractError(ConfigError):
+    """An env broke rlkit.types' contract (docs/adding-an-env.md, section 1): refused before any work by
+    rlkit.env_check.check_env, or raised from the env's own exception when its ``step`` raised during training.
+    The message names the env class, the contract and the fix."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rlkit.env_check import step_error
 from rlkit.types import EnvSpec, Episode, Turn
 
 
@@ -220,7 +221,10 @@ def _apply(live: list[_Live], idx: list[int], completions: list[Any], chat: Any,
         ep.append(chat.turn_end_ids(comp.finish_reason, getattr(comp, "stop_reason", None)), 0)
         if comp.finish_reason == "length":
             ep.length_cut += 1
-        out = ep.env.step(comp.text)
+        try:
+            out = ep.env.step(comp.text)
+        except Exception as e:  # the env's bug, not the loop's: name its class and contract, keep its frame
+            raise step_error(ep.env, comp.text, e) from e
         info = dict(out.info)
         ep.turns.append(
             Turn(

@@ -52,7 +52,7 @@ from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
 from rlkit.recipes.heal import WorkerLostError, lost_worker_or_raise, start_worker_group
 from rlkit.recipes.threads import build_threads
-from rlkit.recipes.validation import capability_problems, check_config
+from rlkit.recipes.validation import capability_problems, check_config, check_env
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
 from rlkit.run import accept_run_config
 from rlkit.sampling import SampledBatch, StepSampler
@@ -101,7 +101,7 @@ class GRPORecipe:
         if self.trainer.deterministic:
             torch.use_deterministic_algorithms(True)
         seed_everything(cfg.seed)
-        self.env_spec = instantiate_plugin(cfg.env, "env")
+        self.env_spec = check_env(instantiate_plugin(cfg.env, "env"), cfg.env.get("name"))  # before any build
         self.reward_fn = instantiate_reward(cfg.reward)  # GuardedReward: time limit and on_error
         self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))  # its keys checked before builds
         self.eval_seeds, self.seen_seeds = task_sets(self.env_spec, self.eval_cfg, cfg.seed, cfg.get("train_tasks"))

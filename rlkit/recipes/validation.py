@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.config import check_ranges
+from rlkit.env_check import check_env  # noqa: F401  (the recipe checks the env with the config)
 from rlkit.errors import ConfigError
 from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions, SupportsRecoveryDemonstrations
 

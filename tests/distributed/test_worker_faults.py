@@ -2,7 +2,7 @@
 worker) with an env that misbehaves only inside the rollout worker (tests/distributed/faulty_env.py).
 
 - An env whose step() raises RuntimeError stops the run at once: no restart, and the run's last line is
-  "[rlkit] worker error: ..." with that error's message and the worker frame that raised it.
+  "[rlkit] worker error: ..." with that error's message, the env's frame that raised it and the contract it broke.
 - A rollout worker killed during the evaluation before training (step 0) heals: the run restarts the workers from
   the step-0 checkpoint and completes with the rows an uninterrupted run logs.
 """
@@ -52,8 +52,10 @@ def test_a_deterministic_error_in_a_rollout_workers_env_stops_the_run_without_a_
     assert rc == 1, text[-4000:]
     assert "restarting the workers" not in text, text[-4000:]
     last = text.strip().splitlines()[-1]
-    assert last.startswith("[rlkit] worker error: RolloutWorker.evaluate raised RuntimeError: " + MESSAGE), last
-    assert "faulty_env.py" in last and "in faulty_step" in last, last  # the worker frame that raised
+    # the rollout names the env's episode class and the contract it broke (rlkit.env_check.step_error)
+    assert last.startswith("[rlkit] worker error: RolloutWorker.evaluate raised EnvContractError: "), last
+    assert f"step raised RuntimeError: {MESSAGE}" in last and "must not raise on malformed model output" in last, last
+    assert "faulty_env.py" in last and "in faulty_step" in last, last  # the env's frame that raised
     assert (out / "error.txt").read_text().startswith("WorkerError: ")  # what the launchers read: not resubmitted
 
 

@@ -2,7 +2,8 @@
 
 Generic on purpose: it uses only the EnvSpec API (rlkit.types) and, where the env declares one
 (rlkit.types.SupportsDemonstrations), its solver's ``demonstration(seed)``, so a new env YAML is tested by
-just existing.
+just existing. Every env also passes rlkit.env_check.check_env, the start-up check of the contract (observation
+types, a step that never raises on malformed output); tests/envs/test_env_check.py shows what it refuses.
 """
 
 import itertools
@@ -13,6 +14,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from rlkit.env_check import check_env
 from rlkit.types import EpisodeEnv, Observation, StepOutput, SupportsDemonstrations
 
 CONF_ENV = Path(__file__).resolve().parents[2] / "conf" / "env"
@@ -43,6 +45,7 @@ def _solve(spec, seed: int) -> EpisodeEnv:
 @pytest.mark.parametrize("path", ENV_YAMLS, ids=[p.stem for p in ENV_YAMLS])
 def test_env_config_instantiates_and_solves(path):
     spec = instantiate(OmegaConf.load(path))
+    check_env(spec)  # the contract, as train.py checks it at start-up (raises a one-line EnvContractError)
     assert isinstance(spec.max_turns, int) and spec.max_turns >= 1
     assert isinstance(spec.eval_set_name, str) and spec.eval_set_name
     eval_seeds = spec.eval_seeds()

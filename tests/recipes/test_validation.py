@@ -32,6 +32,15 @@ class BareEnv:
         raise AssertionError("capability checks do not build an env unless control=fixed_image")
 
 
+class PlayableBareEnv(BareEnv):
+    """BareEnv with episodes that keep the contract, for GRPORecipe.setup (which plays the env: rlkit.env_check)."""
+
+    def make(self):
+        from tests.envs.broken_envs import GoodEnv
+
+        return GoodEnv().make()
+
+
 class WithDemonstrations(BareEnv):
     def demonstration(self, seed):
         return ["<answer>stop</answer>"]
@@ -115,10 +124,10 @@ def test_setup_refuses_an_env_that_cannot_feed_a_stage_before_any_build(tmp_path
 
     cfg = _cfg("sft.enabled=true", "grounding.enabled=false", "aux_loss.demo_coef=0", "eval.num_tasks=null")
     with open_dict(cfg):
-        cfg.env = {"_target_": f"{__name__}.BareEnv", "name": "bare"}
+        cfg.env = {"_target_": f"{__name__}.PlayableBareEnv", "name": "bare"}
         cfg.paths.output_dir = str(tmp_path / "run")
         cfg.paths.cache_dir = str(tmp_path / "cache")
-    with pytest.raises(ConfigError, match=r"env bare \(BareEnv\) has no solver .*set sft\.enabled=false"):
+    with pytest.raises(ConfigError, match=r"env bare \(PlayableBareEnv\) has no solver .*set sft\.enabled=false"):
         GRPORecipe(cfg, LocalExecutor()).setup()
     assert not (tmp_path / "cache").exists()
 
