@@ -14,6 +14,18 @@ from rlkit.update import grpo_update
 SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
 
 
+def _policy_spans(traj) -> list[list[int]]:
+    """The runs of sampled tokens (loss mask 1) of a trajectory, one per turn, in order."""
+    spans, cur = [], []
+    for tok, m in zip(traj.input_ids, traj.loss_mask):
+        if m:
+            cur.append(tok)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    return spans
+
+
 def test_multi_turn_trajectory_layout(policy, interactive_env):
     engine = make_engine(policy)
     trajs = rollout(interactive_env, policy, engine, seeds=[100, 101], group_size=2, sampling=SAMPLE, policy_version=7)
@@ -34,13 +46,7 @@ def test_multi_turn_trajectory_layout(policy, interactive_env):
             else:
                 assert lp == 0.0
         # each policy span decodes to the recorded action text
-        spans, cur = [], []
-        for tok, m in zip(t.input_ids, t.loss_mask):
-            if m:
-                cur.append(tok)
-            elif cur:
-                spans.append(cur)
-                cur = []
+        spans = _policy_spans(t)
         assert len(spans) == n_turns
         assert [chat.decode(s) for s in spans] == [turn.action_text for turn in t.episode.turns]
     # groups share the first prompt
@@ -257,13 +263,7 @@ def test_consecutive_turns_draw_independent_tokens(policy, interactive_env):
                     policy_version=0)
     equal = total = 0
     for t in trajs:
-        spans, cur = [], []
-        for tok, m in zip(t.input_ids, t.loss_mask):
-            if m:
-                cur.append(tok)
-            elif cur:
-                spans.append(cur)
-                cur = []
+        spans = _policy_spans(t)
         assert len(spans) == len(t.episode.turns) == 3  # uniform junk never ends an episode early
         for a, b in zip(spans[1:], spans[2:]):
             equal += sum(x == y for x, y in zip(a, b))
