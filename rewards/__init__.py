@@ -1,4 +1,6 @@
-"""Verifiable reward plug-ins: pure callables ``reward(episode) -> RewardOutput`` with a ``name``.
+"""Verifiable reward plug-ins: pure callables ``reward(episode) -> RewardOutput`` with a ``name`` and the
+``info_keys`` they read. A new reward is its module here and its conf/reward/<name>.yaml (``_target_:
+rewards.<module>.<Class>``); nothing is listed by hand (``reward_classes`` reads the modules). The shipped ones:
 
     MazeExit          maze_exit        1.0 if the agent stopped on the goal (upstream success)
     FormatReward      format           share of turns whose output parsed
@@ -9,7 +11,7 @@
 """
 
 from rewards.answer import ExactAnswer
-from rewards.generic import FormatReward, WeightedSum, builtin_rewards
+from rewards.generic import FormatReward, WeightedSum, builtin_rewards, reward_classes
 from rewards.guard import (
     FailureCounter,
     GuardedReward,
@@ -30,5 +32,6 @@ __all__ = [
     "ShapedDistance",
     "WeightedSum",
     "builtin_rewards",
+    "reward_classes",
     "safe_call",
 ]

@@ -21,6 +21,7 @@ class ExactAnswer:
     """
 
     name = "exact_answer"
+    info_keys: tuple[str, ...] = ("answer", "expected")
 
     def __repr__(self) -> str:
         return "ExactAnswer()"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
+import pkgutil
 from collections.abc import Mapping
 
 from rlkit.types import Episode, RewardFn, RewardOutput
@@ -17,6 +20,7 @@ class FormatReward:
     """
 
     name = "format"
+    info_keys: tuple[str, ...] = ("parse_ok",)
 
     def __repr__(self) -> str:
         return "FormatReward()"
@@ -36,13 +40,43 @@ class FormatReward:
         return RewardOutput(total, {self.name: total})
 
 
-def builtin_rewards() -> dict[str, type]:
-    """Reward plug-ins known by name (for ``WeightedSum`` weights without an explicit instance)."""
-    from rewards.answer import ExactAnswer
-    from rewards.maze import MazeExit, ShapedDistance
+def reward_classes(package: str = "rewards") -> dict[str, type]:
+    """The reward plug-ins of a package, found by reading its modules: nothing to register.
 
-    return {"maze_exit": MazeExit, "format": FormatReward, "shaped_distance": ShapedDistance,
-            "exact_answer": ExactAnswer}
+    A reward class is a class defined in one of ``package``'s modules (``<package>/<module>.py``, imported here)
+    with a class attribute ``name`` (a non-empty str) and a ``__call__``; a class re-exported from elsewhere counts
+    where it is defined. Classes whose name is set per instance (``WeightedSum``, ``TRLReward``) are not listed:
+    they cannot be built from a name alone.
+
+    Returns: ``{name: class}``.
+    Raises:
+        ImportError: ``package`` or one of its modules does not import (the module's own error).
+        ValueError: two classes share a ``name`` (names both and their modules: rename one).
+    """
+    pkg = importlib.import_module(package)
+    found: dict[str, type] = {}
+    for mod in pkgutil.iter_modules(getattr(pkg, "__path__", [])):
+        module = importlib.import_module(f"{package}.{mod.name}")
+        for cls in vars(module).values():
+            if not (inspect.isclass(cls) and cls.__module__ == module.__name__):
+                continue
+            name = vars(cls).get("name")
+            if not isinstance(name, str) or not name or "__call__" not in dir(cls):
+                continue
+            other = found.setdefault(name, cls)
+            if other is not cls:
+                raise ValueError(
+                    f"rewards {other.__module__}.{other.__qualname__} and {cls.__module__}.{cls.__qualname__} "
+                    f"share the name {name!r}: reward names are logged as reward/<name> and looked up by "
+                    "WeightedSum, so rename one"
+                )
+    return found
+
+
+def builtin_rewards() -> dict[str, type]:
+    """Reward plug-ins known by name (for ``WeightedSum`` weights without an explicit instance): every reward
+    class in the ``rewards`` package's modules (``reward_classes``), so a new module there is known by adding it."""
+    return reward_classes("rewards")
 
 
 class WeightedSum:
@@ -54,6 +88,8 @@ class WeightedSum:
         rewards: optional reward name -> RewardFn instance (e.g. a configured ``ShapedDistance``);
             names not given here are built from ``builtin_rewards()`` with default arguments.
         name: this reward's name (default "weighted").
+
+    ``info_keys``: the per-turn info keys its terms read (the union of theirs, in order).
 
     Output: ``total = sum(weight * reward.total)``; components: each sub-reward's unweighted total
     under its name, plus its own components as ``<name>/<component>`` when they say more.
@@ -93,6 +129,10 @@ class WeightedSum:
                 )
             self.terms[key] = (w, fn)
         self.name = name
+        keys: dict[str, None] = {}
+        for _, fn in self.terms.values():
+            keys.update(dict.fromkeys(getattr(fn, "info_keys", ())))
+        self.info_keys: tuple[str, ...] = tuple(keys)
 
     def __repr__(self) -> str:
         terms = ", ".join(f"{w} * {fn!r}" for w, fn in self.terms.values())

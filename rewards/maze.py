@@ -11,6 +11,7 @@ class MazeExit:
     success, ``Episode.success``), else 0.0. Component: ``maze_exit``."""
 
     name = "maze_exit"
+    info_keys: tuple[str, ...] = ()  # reads Episode.success only: fits any env
 
     def __repr__(self) -> str:
         return "MazeExit()"
@@ -37,6 +38,7 @@ class ShapedDistance:
     """
 
     name = "shaped_distance"
+    info_keys: tuple[str, ...] = ("bfs_distance", "start_bfs_distance")
 
     def __init__(self, partial_credit: float = 0.5):
         if not 0.0 <= float(partial_credit) < 1.0:

@@ -1,4 +1,4 @@
-"""Reward plug-ins on hand-made episodes, the guard, and every conf/reward/*.yaml."""
+"""Reward plug-ins on hand-made episodes and the guard (every conf/reward/*.yaml: test_reward_configs.py)."""
 
 import math
 import threading
@@ -164,21 +164,7 @@ def test_safe_call_zero_counts_failures_thread_safely():
         GuardedReward(Boom())(SOLVED)
 
 
-REWARD_YAMLS = sorted(CONF_REWARD.glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", REWARD_YAMLS, ids=[p.stem for p in REWARD_YAMLS])
-def test_reward_configs(path):
-    fn = instantiate_reward(OmegaConf.load(path))
-    assert fn.timeout_s == 60 and fn.on_error == "raise"
-    assert isinstance(fn.name, str) and fn.name
-    for ep in (SOLVED, HALFWAY, EMPTY):
-        out = safe_call(fn, ep)
-        assert 0.0 <= out.total <= 1.0
-    assert safe_call(fn, SOLVED).total == pytest.approx(1.0)
-
-
 def test_expected_reward_configs():
-    assert {p.stem for p in REWARD_YAMLS} >= {"maze_exit", "maze_exit_format", "shaped", "exact_answer"}
+    assert {p.stem for p in CONF_REWARD.glob("*.yaml")} >= {"maze_exit", "maze_exit_format", "shaped", "exact_answer"}
     weighted = instantiate_reward(OmegaConf.load(CONF_REWARD / "maze_exit_format.yaml"))
     assert weighted(HALFWAY).total == pytest.approx(0.2 * 0.5)
