@@ -35,7 +35,7 @@ def test_rewards_are_played_on_the_envs_that_report_their_keys(envs):
     played = {p.stem: check_reward_config(p, envs) for p in REWARD_YAMLS}
     mazes = ["visgym", "visgym_hard", "visgym_interactive", "visgym_small"]
     assert played["shaped"] == mazes  # VisGym's distances: never fed the shapes env's infos
-    assert played["exact_answer"] == ["shapes"]
+    assert played["exact_answer"] == ["shapes"] and played["trl_answer"] == ["shapes"]
     assert played["maze_exit"] == sorted(envs) and played["maze_exit_format"] == sorted(envs)
     assert envs["shapes"].solved.success and not envs["shapes"].malformed.success
 
