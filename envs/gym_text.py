@@ -23,7 +23,6 @@ episode terminated with a positive reward"; once True it stays True.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,30 +31,12 @@ import gymnasium as gym
 import numpy as np
 from PIL import Image
 
+from rlkit.import_path import import_object
 from rlkit.types import Observation, StepOutput
 
 INVALID = ("noop", "end")
 IMAGES = ("observation", "render", "none")
 HOLDOUTS = ("observation", "seed")
-
-
-def import_object(path: str | Callable, what: str) -> Any:
-    """The object at ``"package.module.name"`` (``what`` names the config key in errors); a callable as is.
-
-    Raises: ValueError naming the key, the path and the fix (a module on PYTHONPATH)."""
-    if callable(path):
-        return path
-    if not isinstance(path, str) or "." not in path:
-        raise ValueError(f"env.{what} must be an import path 'package.module.name', got {path!r}")
-    module_name, attr = path.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"env.{what} {path!r}: module {module_name!r} does not import ({e}); put its folder on "
-                         "PYTHONPATH") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"env.{what} {path!r}: module {module_name!r} has no {attr!r}")
-    return getattr(module, attr)
 
 
 def jsonable(value: Any) -> Any:
@@ -235,16 +216,15 @@ class GymTextEnv:
                  invalid: str = "noop", invalid_reward: float = 0.0, eval_size: int = 32,
                  holdout: str = "observation", solver: str | None = None, stop_strings: list[str] | None = None,
                  name: str | None = None):
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"env.max_turns must be an int >= 1, got {max_turns!r}")
-        if isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 1:
-            raise ValueError(f"env.eval_size must be an int >= 1, got {eval_size!r}")
+        for key, value in (("max_turns", max_turns), ("eval_size", eval_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"env.{key} must be an int >= 1, got {value!r}")
         if holdout not in HOLDOUTS:
             raise ValueError(f"env.holdout must be one of {HOLDOUTS}, got {holdout!r}")
         self.env_id, self.max_turns, self.env_kwargs = env_id, max_turns, dict(env_kwargs or {})
         self.parser_path, self.solver_path, self.holdout, self.eval_size = parser, solver, holdout, eval_size
-        self._parser = import_object(parser, "parser")
-        self._solver = import_object(solver, "solver") if solver is not None else None
+        self._parser = import_object(parser, "env.parser")
+        self._solver = import_object(solver, "env.solver") if solver is not None else None
         self._episode_args = dict(system_prompt=system_prompt, prompt=prompt, next_prompt=next_prompt, image=image,
                                   image_key=image_key, text_key=text_key, feedback_key=feedback_key,
                                   success_key=success_key, invalid=invalid, invalid_reward=invalid_reward)

@@ -12,12 +12,12 @@ written for TRL trains here unchanged; ``answer_block_match`` is one, the shape 
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlkit.import_path import import_object
 from rlkit.types import Episode, RewardOutput
 
 
@@ -25,22 +25,12 @@ def resolve_function(func: str | Callable) -> Callable:
     """``func`` itself when callable, else the function at import path ``"package.module.function"``.
 
     Raises:
-        ValueError: not a dotted path, a module that does not import, or no such callable in it (names the path
-            and the fix: a module on PYTHONPATH).
+        ValueError: not a dotted path, a module that does not import, no such attribute in it, or one that is not
+            callable (each names ``reward.func``, the path and the fix; rlkit.import_path.import_object).
     """
-    if callable(func):
-        return func
-    if not isinstance(func, str) or "." not in func:
-        raise ValueError(f"reward.func must be a function's import path 'package.module.function', got {func!r}")
-    module_name, attr = func.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward.func {func!r}: module {module_name!r} does not import ({e}); put its folder on "
-                         "PYTHONPATH") from None
-    fn = getattr(module, attr, None)
+    fn = import_object(func, "reward.func")
     if not callable(fn):
-        raise ValueError(f"reward.func {func!r}: module {module_name!r} has no function {attr!r}")
+        raise ValueError(f"reward.func {func!r} is a {type(fn).__name__}, not a function")
     return fn
 
 

@@ -76,6 +76,8 @@ def test_bad_settings_are_refused_naming_the_key():
         GymTextEnv(**{**DOTS, "invalid": "skip"}).make()
     with pytest.raises(ValueError, match="env.parser 'tests.envs.gym_dots.nope': module 'tests.envs.gym_dots' has no"):
         GymTextEnv(**{**DOTS, "parser": "tests.envs.gym_dots.nope"})
+    with pytest.raises(ValueError, match="env.eval_size must be an int >= 1, got 0"):
+        GymTextEnv(**{**DOTS, "eval_size": 0})
     with pytest.raises(ValueError, match="env.holdout must be one of"):
         GymTextEnv(**{**DOTS, "holdout": "layout"})
     # an env whose observation is not a picture: refused when the spec is built, naming shape and dtype

@@ -73,12 +73,14 @@ def test_none_bool_and_bad_returns():
 def test_bad_settings_name_the_fix():
     assert resolve_function("rewards.trl_style.answer_block_match") is answer_block_match
     assert resolve_function(math.floor) is math.floor
-    with pytest.raises(ValueError, match="import path 'package.module.function'"):
+    with pytest.raises(ValueError, match="reward.func must be an import path 'package.module.name'"):
         TRLReward("answer_block_match")
     with pytest.raises(ValueError, match="module 'no_such_pkg' does not import.*PYTHONPATH"):
         TRLReward("no_such_pkg.f")
-    with pytest.raises(ValueError, match="module 'rewards.trl_style' has no function 'nope'"):
+    with pytest.raises(ValueError, match="module 'rewards.trl_style' has no 'nope'"):
         TRLReward("rewards.trl_style.nope")
+    with pytest.raises(ValueError, match="reward.func 'rewards.trl_style.re' is a module, not a function"):
+        TRLReward("rewards.trl_style.re")
     with pytest.raises(ValueError, match=r"may not name \['completions'\]"):
         TRLReward(answer_block_match, columns={"completions": "answer"})
     with pytest.raises(ValueError, match="none_as must be a finite number"):
