@@ -1,6 +1,9 @@
 """The generic reward check, shared by tests/rewards/test_reward_configs.py and the tests that add a reward of their
 own (a new module and YAML in a tmp folder): every reward config is played on episodes of the envs it is meant for.
 
+Reward classes found in the ``rewards`` package's modules (``rewards.reward_classes``), YAML or not, get the same
+check built with their default arguments (as ``WeightedSum`` builds a reward it knows by name).
+
 A reward says what it reads with a class (or instance) attribute ``info_keys``: the per-turn ``StepOutput.info``
 keys it needs (``()`` for a reward that reads only ``Episode.success``). It may also name the envs it is meant for,
 ``envs = ("shapes", ...)`` (conf/env names); without that it is played on every env config whose episodes report all
@@ -96,11 +99,10 @@ def envs_for(fn, envs: dict[str, EnvEpisodes]) -> list[EnvEpisodes]:
     return chosen
 
 
-def check_reward_config(path: Path, envs: dict[str, EnvEpisodes]) -> list[str]:
-    """Build ``path`` as the core does and play it on its envs' episodes; returns the names of the envs it was
-    played on. Raises AssertionError naming the reward, the env and the episode that scored wrong."""
-    fn = instantiate_reward(OmegaConf.load(path))
-    assert isinstance(fn.name, str) and fn.name, f"{path.name}: the reward has no name"
+def check_reward(fn, envs: dict[str, EnvEpisodes], label: str) -> list[str]:
+    """Play reward ``fn`` (``label`` names it in messages) on its envs' episodes; returns the names of the envs it
+    was played on. Raises AssertionError naming the reward, the env and the episode that scored wrong."""
+    assert isinstance(fn.name, str) and fn.name, f"{label}: the reward has no name"
     played = []
     for env in envs_for(fn, envs):
         for kind in ("solved", "malformed", "empty"):
@@ -108,10 +110,15 @@ def check_reward_config(path: Path, envs: dict[str, EnvEpisodes]) -> list[str]:
             if ep is None:
                 continue
             total = safe_call(fn, ep).total
-            assert math.isfinite(total) and 0.0 <= total <= 1.0, f"{path.stem} on {env.name}'s {kind} episode: {total}"
+            assert math.isfinite(total) and 0.0 <= total <= 1.0, f"{label} on {env.name}'s {kind} episode: {total}"
         if env.solved is not None:
             solved, junk = safe_call(fn, env.solved).total, safe_call(fn, env.malformed).total
-            assert solved == 1.0, f"{path.stem} gives {env.name}'s solved episode {solved}, not 1.0"
-            assert junk < solved, f"{path.stem} gives {env.name}'s malformed episode {junk}, as much as a solved one"
+            assert solved == 1.0, f"{label} gives {env.name}'s solved episode {solved}, not 1.0"
+            assert junk < solved, f"{label} gives {env.name}'s malformed episode {junk}, as much as a solved one"
         played.append(env.name)
     return played
+
+
+def check_reward_config(path: Path, envs: dict[str, EnvEpisodes]) -> list[str]:
+    """``check_reward`` on the reward of ``conf/reward/<name>.yaml`` (``path``), built as the core builds it."""
+    return check_reward(instantiate_reward(OmegaConf.load(path)), envs, path.stem)

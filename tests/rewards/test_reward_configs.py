@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 import rewards
 from rewards import WeightedSum, reward_classes
 from rlkit.plugins import instantiate_reward
-from tests.rewards.reward_check import CONF, ROOT, check_reward_config, env_episodes, envs_for, reward_yamls
+from tests.rewards.reward_check import (CONF, ROOT, check_reward, check_reward_config, env_episodes, envs_for,
+                                        reward_yamls)
 
 REWARD_YAMLS = reward_yamls()
 
@@ -29,6 +30,16 @@ def test_reward_config(path, envs):
     fn = instantiate_reward(OmegaConf.load(path))
     assert fn.timeout_s == 60 and fn.on_error == "raise"
     assert check_reward_config(path, envs)
+
+
+REWARD_CLASSES = reward_classes()
+
+
+@pytest.mark.parametrize("name", sorted(REWARD_CLASSES))
+def test_reward_class(name, envs):
+    # every reward class of rewards/, with or without a YAML of its own (FormatReward has none), as WeightedSum
+    # builds it by name
+    assert check_reward(REWARD_CLASSES[name](), envs, name)
 
 
 def test_rewards_are_played_on_the_envs_that_report_their_keys(envs):
@@ -115,6 +126,7 @@ def test_a_new_reward_is_one_module_and_one_yaml(tmp_path, monkeypatch, envs):
         assert [p.stem for p in found] == sorted([*(p.stem for p in REWARD_YAMLS), "answered"])
         assert check_reward_config(tmp_path / "conf" / "reward" / "answered.yaml", envs) == ["shapes"]
         assert reward_classes()["answered"].__module__ == "rewards.answered"  # known by name, for WeightedSum
+        assert check_reward(reward_classes()["answered"](), envs, "answered") == ["shapes"]
         mix = WeightedSum({"answered": 0.5, "exact_answer": 0.5})
         assert mix.info_keys == ("answer", "expected")
         assert mix(envs["shapes"].solved).total == 1.0 and mix(envs["shapes"].malformed).total == 0.0
