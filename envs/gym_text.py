@@ -158,7 +158,7 @@ class GymTextEpisode:
         try:
             action = self.parser(text)
         except Exception as e:  # a parser that raises on junk is a fine parser: the text names no action
-            return None, f"{type(e).__name__}: {str(e)[:120]}"
+            return None, f"{type(e).__name__}: {_short(e, str)}"
         if action is None:
             return None, "no action in the text"
         try:
@@ -166,12 +166,15 @@ class GymTextEpisode:
         except Exception:  # a value the space cannot even compare
             ok = False
         if not ok:
-            return None, f"{str(action)[:60]!r} is not an action of {self.env.action_space}"
+            return None, f"{_short(action, repr)} is not an action of {self.env.action_space}"
         return action, ""
 
     def _observation(self, text: str) -> Observation:
-        obs = self._obs
-        part = obs.get(self.text_key) if self.text_key and isinstance(obs, Mapping) else obs if isinstance(obs, str) else None
+        obs, part = self._obs, None
+        if isinstance(obs, str):
+            part = obs
+        elif self.text_key is not None and isinstance(obs, Mapping):
+            part = obs.get(self.text_key)
         if part:
             text = f"{part}\n{text}"
         if self.image == "none":
@@ -302,6 +305,15 @@ class GymTextEnv:
         raise ValueError(f"env {self.env_id!r} draws {len(keys)} distinct first observations in seeds "
                          f"0..{100 * self.eval_size - 1}, fewer than env.eval_size={self.eval_size}: lower eval_size, "
                          "or set env.holdout=seed")
+
+
+def _short(value: Any, show: Callable[[Any], str], n: int = 120) -> str:
+    """``show(value)`` cut to ``n`` characters; never raises (a value that cannot be shown is named by its type)."""
+    try:
+        text = show(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _observation_bytes(obs: Any) -> bytes:

@@ -64,7 +64,14 @@ def test_malformed_text_is_an_invalid_action_never_an_exception(text):
 
 def test_reasons_name_what_was_wrong():
     ep = GymTextEpisode(gym.make(gym_dots.ENV_ID), gym_dots.parse_count)
-    assert ep.parse("9") == (None, "'8' is not an action of Discrete(4)")
+    assert ep.parse("9") == (None, "8 is not an action of Discrete(4)")
+
+    class Unshowable:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    assert GymTextEpisode(gym.make(gym_dots.ENV_ID), lambda t: Unshowable()).parse("1") == (
+        None, "<Unshowable> is not an action of Discrete(4)")
     assert ep.parse("x")[1].startswith("ValueError: invalid literal for int()")
     assert GymTextEpisode(gym.make(gym_dots.ENV_ID), lambda t: None).parse("3") == (None, "no action in the text")
     with pytest.raises(RuntimeError, match="before reset"):
