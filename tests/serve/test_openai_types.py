@@ -291,3 +291,51 @@ def test_api_keys(server):
 def test_no_server_error_after_all_of_the_above(server):
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["server_errors"] == 0
+
+
+def test_serve_script_streams_logprobs_to_the_openai_client_with_vllms_key_variable(base_dir, adapters, tmp_path):
+    """``scripts/serve.py`` itself (a subprocess, as a user starts it) with the key in VLLM_API_KEY: the openai
+    client streams a greedy chat completion with logprobs, equal to the non-streamed one; no key is a 401."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_API_KEY": "env-key-789", "OMP_NUM_THREADS": "1", "RLKIT_CACHE_DIR": str(tmp_path)}
+    log = tmp_path / "serve.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, str(root / "scripts" / "serve.py"), f"policy.dtype={TEST_DTYPE}",
+                                 "--adapter", f"a={adapters['a']}", "--port", str(port), "--threads", "1",
+                                 "--log-level", "warning"], cwd=tmp_path, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() - t0 < 180, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert "API key required (from VLLM_API_KEY)" in log.read_text()
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="env-key-789", max_retries=0, timeout=120)
+        kw = dict(model="a", messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+        once = client.chat.completions.create(**kw)
+        chunks = list(client.chat.completions.create(**kw, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == once.choices[0].message.content
+        streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        assert len(streamed) == once.usage.completion_tokens and all(e.logprob <= 0 for e in streamed)
+        assert [e.model_dump() for e in streamed] == [e.model_dump() for e in once.choices[0].logprobs.content]
+    finally:
+        proc.terminate()
+        proc.wait(60)
