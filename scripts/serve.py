@@ -3,6 +3,7 @@
     python scripts/serve.py --adapter outputs/2026-05-01/14-03-22            # a run's final adapter
     python scripts/serve.py --adapter good=outputs/.../checkpoints/latest --adapter early=outputs/.../checkpoints/step_000010
     python scripts/serve.py policy=qwen3_vl_8b --adapter maze=/shared/run/adapter --api-key-env RLKIT_API_KEY
+    VLLM_API_KEY=sk-local python scripts/serve.py --adapter outputs/...     # key required, as vllm serve (or --api-key KEY)
     python scripts/serve.py --adapter outputs/... --print-vllm                # the vllm serve equivalent; starts nothing
     python scripts/serve.py --adapter outputs/2026-05-01/14-03-22 --engine vllm   # the real vLLM server (CPU build, .venv-vllm)
 
@@ -10,8 +11,8 @@ The base model is the one the adapters recorded (adapter_config.json), else ``--
 directory or hub id), else the composed policy config (``policy=tiny_vl`` builds the tiny model).
 Positional arguments are Hydra overrides of conf/train.yaml, as for train.py (``policy=...``,
 ``policy.dtype=...``); with an adapter from a run directory, that run's recorded overrides come
-first. Binds 127.0.0.1 unless --host says otherwise. Routes, limits and errors: rlkit/serve/app.py
-and docs/serving.md.
+first. Binds 127.0.0.1 unless --host says otherwise. Routes, streaming, logprobs, limits and errors:
+rlkit/serve/app.py and docs/serving.md.
 
 ``--engine vllm`` serves with vLLM's OpenAI server instead (rlkit/serve/vllm_server.py): started from
 ``.venv-vllm`` with the flags rlkit.serve.vllm.vllm_command builds, after refusing an adapter vLLM would

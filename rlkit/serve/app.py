@@ -30,8 +30,8 @@ from and trains with (rlkit.policy.logprobs: banned ids masked, divided by the t
 before top-k / top-p truncation), as ``scripts/serve.py --engine vllm`` asks vLLM for
 (``--logprobs-mode processed_logprobs``). Without ``top_logprobs`` they are the sampler's own values; with
 it, all of them come from one teacher-forced forward of prompt + completion (ModelHost.top_logprobs), so a
-token and its entry in ``top_logprobs`` agree exactly (the two agree within float32 rounding,
-tests/policy/test_logprobs.py).
+token's logprob equals its own entry in ``top_logprobs`` (sampler and teacher-forced values agree within
+float32 rounding: tests/policy/test_logprobs.py, tests/serve/test_openai_types.py).
 
 Concurrency: requests are parsed and their images decoded on the event loop's thread pool, then
 queued to a single model worker thread that builds the prompt, selects the adapter and generates,
@@ -238,7 +238,7 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         if keys and request.url.path.startswith("/v1"):
             got = request.headers.get("authorization", "")
             scheme, _, token = got.partition(" ")
-            digest = hashlib.sha256(token.strip().encode("utf-8", errors="surrogatepass")).digest()
+            digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
             match = False
             for key in keys:  # every key compared, in constant time: the time says nothing about which matched
                 match |= hmac.compare_digest(digest, key)
