@@ -159,7 +159,8 @@ class StreamOptions(_Strict):
 
 class ChatRequest(BaseModel):
     """The body of ``POST /v1/chat/completions`` (OpenAI fields this server honours, plus vLLM's
-    ``top_k``). Unlisted fields are accepted only if ``UNSUPPORTED`` does not refuse their value."""
+    ``top_k``, ``include_stop_str_in_output`` and ``return_tokens_as_token_ids``). Unlisted fields are
+    accepted only if ``UNSUPPORTED`` does not refuse their value."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
