@@ -166,6 +166,22 @@ def test_openai_client_streams_the_non_streamed_answer(client, model):
             assert once.choices[0].finish_reason == "stop" and kw["stop"][0] not in once.choices[0].message.content
 
 
+def test_openai_stream_helper_accumulates_the_non_streamed_completion(client):
+    """The openai package's own stream accumulator (``chat.completions.stream``, which rebuilds a ChatCompletion
+    from the chunks, logprobs included) gets the non-streamed completion."""
+    kw = dict(model="b", messages=MESSAGES, max_tokens=10, temperature=0, logprobs=True, top_logprobs=1)
+    free = client.chat.completions.create(**kw).choices[0].message.content
+    kw["stop"] = free[4:6]  # the helper refuses a "length" finish (it parses the content); a stop sequence ends it
+    once = client.chat.completions.create(**kw)
+    assert once.choices[0].finish_reason == "stop", free
+    with client.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.content == once.choices[0].message.content
+    assert final.choices[0].finish_reason == once.choices[0].finish_reason
+    assert [e.model_dump() for e in final.choices[0].logprobs.content] == \
+        [e.model_dump() for e in once.choices[0].logprobs.content]
+
+
 def _teacher_forced(policy, ids: list[int], image_inputs, n_completion: int, temperature: float):
     """(logprobs [T] of the last n_completion tokens by compute_logprobs, log-distributions [T, V] at those
     positions from the same model's logits, banned ids at -inf)."""
