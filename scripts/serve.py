@@ -3,6 +3,7 @@
     python scripts/serve.py --adapter outputs/2026-05-01/14-03-22            # a run's final adapter
     python scripts/serve.py --adapter good=outputs/.../checkpoints/latest --adapter early=outputs/.../checkpoints/step_000010
     python scripts/serve.py policy=qwen3_vl_8b --adapter maze=/shared/run/adapter --api-key-env RLKIT_API_KEY
+    VLLM_API_KEY=sk-local python scripts/serve.py --adapter outputs/...     # key required, as vllm serve (or --api-key KEY)
     python scripts/serve.py --adapter outputs/... --print-vllm                # the vllm serve equivalent; starts nothing
     python scripts/serve.py --adapter outputs/2026-05-01/14-03-22 --engine vllm   # the real vLLM server (CPU build, .venv-vllm)
 
@@ -10,8 +11,8 @@ The base model is the one the adapters recorded (adapter_config.json), else ``--
 directory or hub id), else the composed policy config (``policy=tiny_vl`` builds the tiny model).
 Positional arguments are Hydra overrides of conf/train.yaml, as for train.py (``policy=...``,
 ``policy.dtype=...``); with an adapter from a run directory, that run's recorded overrides come
-first. Binds 127.0.0.1 unless --host says otherwise. Routes, limits and errors: rlkit/serve/app.py
-and docs/serving.md.
+first. Binds 127.0.0.1 unless --host says otherwise. Routes, streaming, logprobs, limits and errors:
+rlkit/serve/app.py and docs/serving.md.
 
 ``--engine vllm`` serves with vLLM's OpenAI server instead (rlkit/serve/vllm_server.py): started from
 ``.venv-vllm`` with the flags rlkit.serve.vllm.vllm_command builds, after refusing an adapter vLLM would
@@ -51,8 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-name", default="base", help="served name of the base model (adapter disabled)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=port, default=8000)
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (401 otherwise), as vllm serve --api-key; "
+                        "repeat for several keys. Default: $VLLM_API_KEY when set (as vLLM), else no key")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="require 'Authorization: Bearer $VAR' on /v1 routes (the key is read from this env variable)")
+                   help="as --api-key, the key read from this environment variable (kept out of the process list)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-image-bytes", type=int, default=d.max_image_bytes)
     p.add_argument("--max-image-pixels", type=int, default=d.max_image_pixels)
@@ -96,18 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             max_queue=args.max_queue,
         )
         limits.validate()
-        api_key = None
-        if args.api_key_env:
-            api_key = os.environ.get(args.api_key_env)
-            if not api_key:
-                raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is unset or empty")
+        api_key, args.key_env, key_note = api_keys(args)
         if args.engine == "vllm":
             _check_vllm_args(args)
+            if api_key is not None and len(api_key) > 1:
+                raise ValueError(f"--engine vllm: {len(api_key)} API keys; rlkit hands vLLM one key (as VLLM_API_KEY, "
+                                 "kept off its command line), so give one --api-key")
         if args.print_vllm:
+            if key_note:
+                print(f"# {key_note}")
             print(_vllm(args, adapters, policy_cfg, limits))
             return 0
         if args.engine == "vllm":
-            launch = _vllm_launch(args, adapters, policy_cfg, limits, api_key)
+            launch = _vllm_launch(args, adapters, policy_cfg, limits, api_key[0] if api_key else None)
         host = load_host(policy_cfg, adapters, base=args.base, base_name=args.base_name,
                          max_model_len=args.max_model_len, allow_base_mismatch=args.allow_base_mismatch)
     except (AdapterError, ConfigComposeError, ValueError) as e:
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("[rlkit] starting vLLM: " + " ".join(launch.argv), flush=True)
         expected = None if args.no_probe else (lambda: _probe_expected(args, adapters, policy_cfg, cfg, launch))
-        return vllm_server.run(launch, expected, args.start_timeout, api_key)
+        return vllm_server.run(launch, expected, args.start_timeout, api_key[0] if api_key else None)
 
     import uvicorn
 
@@ -127,9 +132,38 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(host, ServerSettings(limits=limits, api_key=api_key, num_threads=args.threads,
                                           sampled_ids_capacity=0 if args.no_reuse_sampled_ids else 16384))
     print(f"[rlkit] serving {', '.join(host.names)} on http://{args.host}:{args.port}/v1 "
-          f"(max_model_len {host.max_model_len}{', API key required' if api_key else ''})", flush=True)
+          f"(max_model_len {host.max_model_len}{', API key required' if api_key else ''}"
+          f"{' (from VLLM_API_KEY)' if api_key and args.key_env == 'VLLM_API_KEY' and not args.api_key else ''})",
+          flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def api_keys(args) -> tuple[tuple[str, ...] | None, str | None, str | None]:
+    """The API keys the server requires, as ``vllm serve`` takes them: ``--api-key`` (repeatable) first, else
+    the variable ``--api-key-env`` names, else ``VLLM_API_KEY`` when set and non-empty (vLLM's variable), else
+    none.
+
+    Returns: (keys or None, the environment variable a printed vllm command should read the key from or None,
+    a note for --print-vllm or None).
+    Raises: ValueError for an empty ``--api-key``, both ``--api-key`` and ``--api-key-env``, or an
+    ``--api-key-env`` variable that is unset or empty.
+    """
+    if args.api_key is not None:
+        if args.api_key_env:
+            raise ValueError("--api-key and --api-key-env both given; give the key one way")
+        if any(not k for k in args.api_key):
+            raise ValueError("--api-key: an empty key; give the key clients must send (Authorization: Bearer KEY)")
+        return tuple(args.api_key), "VLLM_API_KEY", ("vLLM reads the key from $VLLM_API_KEY: export it with the "
+                                                     "value of --api-key (the key is not printed)")
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is unset or empty")
+        return (key,), args.api_key_env, None
+    if os.environ.get("VLLM_API_KEY"):
+        return (os.environ["VLLM_API_KEY"],), "VLLM_API_KEY", None
+    return None, None, None
 
 
 #: rlkit's server limits that vLLM does not take (it has its own): refused with --engine vllm unless default.
@@ -198,7 +232,8 @@ def _vllm(args, adapters, policy_cfg, limits) -> str:
 
         executable = [str(vllm_python(args.vllm_python)), "-m", API_SERVER_MODULE]
     argv = vllm_command(base, args.base_name, adapters, model_len, limits.max_images, host=args.host,
-                        port=args.port, dtype=dtype, api_key_env=args.api_key_env, executable=executable)
+                        port=args.port, dtype=dtype, api_key_env=getattr(args, "key_env", args.api_key_env),
+                        executable=executable)
     head = [f"# {n}" for n in notes]
     return "\n".join([*head, format_command(argv)])
 

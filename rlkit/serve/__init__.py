@@ -4,12 +4,14 @@ a client that plays env episodes against either.
 Modules (imported on use, so a client machine needs neither FastAPI nor the model stack):
 
 - rlkit.serve.protocol: request models, ServeLimits, APIError (OpenAI error shape), image decoding,
-  response objects.
+  response objects and stream chunks.
 - rlkit.serve.conversation: OpenAI messages -> the policy's token layout (rlkit.policy.chat), with
   exact reuse of sampled ids for assistant turns (SampledIds).
 - rlkit.serve.models: adapter resolution (adapter dir, run dir, ``latest``), base resolution,
   ModelHost (one PeftModel holding every adapter), load_host.
-- rlkit.serve.app: create_app (FastAPI), ServerSettings, ServerThread (uvicorn on a thread).
+- rlkit.serve.tokens: token text and bytes for logprobs, per-token pieces of a streamed answer.
+- rlkit.serve.app: create_app (FastAPI; streaming, logprobs, API keys), ServerSettings, ServerThread
+  (uvicorn on a thread).
 - rlkit.serve.vllm: the equivalent ``vllm serve`` command line, and what vLLM must not be handed (expanded
   image pads, a Conv3d patch-embedding LoRA).
 - rlkit.serve.vllm_probe: the check after a load: a probe prompt through vLLM against rlkit's engine.

@@ -8,10 +8,30 @@ Routes (shapes as the OpenAI API; vLLM's server has the same routes):
     GET  /health                 200 {"status": "ok", "models", "queue", "served", "server_errors"}
                                  once the model is loaded (no API key needed)
 
-With an API key, every /v1 route needs ``Authorization: Bearer <key>`` (401 otherwise), as with
-``vllm serve --api-key``. Every error is ``{"error": {"message", "type", "param", "code"}}``; client
-errors are 4xx (400 invalid request, 401 key, 404 unknown model or route, 405 method, 413 body too
-large, 429 queue full) and a 5xx only means a server bug.
+With an API key (one or several; scripts/serve.py takes ``--api-key``, ``--api-key-env`` or
+``VLLM_API_KEY``), every /v1 route needs ``Authorization: Bearer <key>`` (401 with an
+``authentication_error`` otherwise), as with ``vllm serve --api-key``. Every error is
+``{"error": {"message", "type", "param", "code"}}``; client errors are 4xx (400 invalid request, 401 key,
+404 unknown model or route, 405 method, 413 body too large, 429 queue full) and a 5xx only means a
+server bug.
+
+Streaming (``"stream": true``): the answer is ``text/event-stream``, one ``data: <chat.completion.chunk>``
+event per chunk (rlkit.serve.protocol.completion_chunks: the role, then one content piece per sampled
+token, then ``finish_reason``; a usage chunk with ``stream_options.include_usage``) and ``data: [DONE]``.
+rlkit's engine samples a whole completion in one call, so the events are sent when the completion is
+done: clients that stream get the same text as without streaming, but not its first tokens any sooner.
+An error found before sampling (a bad parameter, a prompt too long) is a plain JSON error, as with vLLM.
+
+Logprobs (``"logprobs": true``, ``"top_logprobs": k`` <= 20): ``choices[i].logprobs.content`` has one entry
+per sampled token, the final ``<|im_end|>`` included (``usage.completion_tokens`` counts it): ``token``
+(its text, or vLLM's ``token_id:<id>`` with ``return_tokens_as_token_ids``), ``bytes`` (its own UTF-8
+bytes, rlkit.serve.tokens), ``logprob`` and ``top_logprobs``. The quantity is the one the policy samples
+from and trains with (rlkit.policy.logprobs: banned ids masked, divided by the temperature, 1 for greedy;
+before top-k / top-p truncation), as ``scripts/serve.py --engine vllm`` asks vLLM for
+(``--logprobs-mode processed_logprobs``). Without ``top_logprobs`` they are the sampler's own values; with
+it, all of them come from one teacher-forced forward of prompt + completion (ModelHost.top_logprobs), so a
+token's logprob equals its own entry in ``top_logprobs`` (sampler and teacher-forced values agree within
+float32 rounding: tests/policy/test_logprobs.py, tests/serve/test_openai_types.py).
 
 Concurrency: requests are parsed and their images decoded on the event loop's thread pool, then
 queued to a single model worker thread that builds the prompt, selects the adapter and generates,
@@ -24,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -31,18 +52,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from rlkit.serve.conversation import SampledIds, build_prompt, parse_messages, remember_completion
 from rlkit.serve.models import ModelHost
-from rlkit.serve.protocol import APIError, ChatRequest, ServeLimits, completion_response, parse_request
+from rlkit.serve.protocol import (APIError, ChatRequest, ChoiceOut, ServeLimits, completion_chunks, completion_response,
+                                  parse_request, sse_event, token_logprob)
+from rlkit.serve.tokens import TokenText
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +78,15 @@ DRAIN_CAP_BYTES = 256 * 1024 * 1024
 class ServerSettings:
     """What the app needs besides the model.
 
-    limits: ServeLimits. api_key: required bearer token for /v1 routes (None: open).
+    limits: ServeLimits. api_key: the bearer token /v1 routes require, or a sequence of tokens any one of
+        which is accepted (as ``vllm serve --api-key K1 K2``); None: open.
     num_threads: torch intra-op threads of the model worker (None: torch's default).
     sampled_ids_capacity: completions remembered for exact re-use of sampled ids
         (rlkit.serve.conversation; 0 = always re-tokenize assistant messages).
     """
 
     limits: ServeLimits
-    api_key: str | None = None
+    api_key: str | Sequence[str] | None = None
     num_threads: int | None = None
     sampled_ids_capacity: int = 16384
 
@@ -73,6 +97,16 @@ class _ASCIIJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _api_keys(api_key: str | Sequence[str] | None) -> list[bytes]:
+    """sha256 digests of the accepted API keys ([] = open). Raises ValueError for an empty key."""
+    if api_key is None:
+        return []
+    keys = [api_key] if isinstance(api_key, str) else list(api_key)
+    if not keys or any(not isinstance(k, str) or not k for k in keys):
+        raise ValueError(f"api_key must be a non-empty string or a non-empty list of them, got {api_key!r}")
+    return [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -150,8 +184,10 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``host`` (see the module doc for routes, errors and concurrency)."""
     settings.limits.validate()
     limits = settings.limits
+    keys = _api_keys(settings.api_key)
     sampled = SampledIds(settings.sampled_ids_capacity) if settings.sampled_ids_capacity > 0 else None
     chat = host.policy.chat
+    token_text = TokenText(chat.tokenizer)
     state: dict[str, Any] = {"pending": 0, "served": 0, "server_errors": 0}
 
     def _init_worker() -> None:
@@ -199,10 +235,14 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if settings.api_key is not None and request.url.path.startswith("/v1"):
+        if keys and request.url.path.startswith("/v1"):
             got = request.headers.get("authorization", "")
             scheme, _, token = got.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
+            match = False
+            for key in keys:  # every key compared, in constant time: the time says nothing about which matched
+                match |= hmac.compare_digest(digest, key)
+            if scheme.lower() != "bearer" or not match:
                 why = "no API key provided (Authorization: Bearer <key>)" if not got else "incorrect API key provided"
                 return _error_response(APIError(401, why, type="authentication_error", code="invalid_api_key"))
         return await call_next(request)
@@ -227,7 +267,23 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         _check_params(req, host, limits)
         return req, parse_messages(req.messages, limits)
 
-    def _run(req: ChatRequest, turns) -> dict[str, Any]:
+    def _logprobs(req: ChatRequest, prompt, c, temperature: float) -> list[dict[str, Any]]:
+        """The logprobs entries of completion ``c`` (see the module doc, "Logprobs")."""
+        k = req.top_logprobs or 0
+        chosen, top_ids, top_lps = list(c.logprobs), [[]] * len(c.token_ids), [[]] * len(c.token_ids)
+        if k > 0:
+            chosen, top_ids, top_lps = host.top_logprobs(req.model, prompt.input_ids, prompt.image_inputs,
+                                                         c.token_ids, temperature, k)
+
+        def name(i: int) -> str:
+            return f"token_id:{i}" if req.return_tokens_as_token_ids else token_text.text(i)
+
+        return [token_logprob(name(tok), token_text.raw(tok), lp,
+                              [(name(i), token_text.raw(i), v) for i, v in zip(ids, vals)])
+                for tok, lp, ids, vals in zip(c.token_ids, chosen, top_ids, top_lps)]
+
+    def _run(req: ChatRequest, turns) -> tuple[list[ChoiceOut], int, int]:
+        """(choices, prompt tokens, completion tokens) of a request; runs on the model worker."""
         prompt = build_prompt(chat, turns, sampled)
         sampling = _sampling(req, len(prompt.input_ids), host.max_model_len, limits)
         completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling)
@@ -235,16 +291,17 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         for c in completions:
             stop = getattr(c, "stop_reason", None)
             if stop is not None and not req.include_stop_str_in_output:
-                text = c.text[: -len(stop)] if c.text.endswith(stop) else c.text
-                choices.append((text, c.finish_reason, stop))  # OpenAI: the stop sequence is left out
+                text = c.text[: -len(stop)] if c.text.endswith(stop) else c.text  # OpenAI: the stop sequence is left out
             else:  # the content is the sampled text: a later request that sends it back reuses the ids
+                text = c.text
                 if stop is None or chat.decode(c.token_ids) == c.text:  # (not when the last token reaches past the stop)
                     remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
-                choices.append((c.text, c.finish_reason, stop))
-        return completion_response(
-            req.model, choices, prompt_tokens=len(prompt.input_ids),
-            completion_tokens=sum(len(c.token_ids) for c in completions), fingerprint=host.fingerprint(req.model),
-        )
+            choices.append(ChoiceOut(
+                text, c.finish_reason, stop,
+                logprobs=_logprobs(req, prompt, c, sampling.temperature) if req.logprobs else None,
+                deltas=token_text.deltas(c.token_ids, text) if req.stream else None,
+            ))
+        return choices, len(prompt.input_ids), sum(len(c.token_ids) for c in completions)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -255,11 +312,24 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
                            type="rate_limit_error", code="server_busy")
         state["pending"] += 1
         try:
-            result = await asyncio.get_running_loop().run_in_executor(worker, _run, req, turns)
+            choices, prompt_tokens, completion_tokens = await asyncio.get_running_loop().run_in_executor(
+                worker, _run, req, turns)
         finally:
             state["pending"] -= 1
         state["served"] += 1
-        return JSONResponse(result)
+        fingerprint = host.fingerprint(req.model)
+        if not req.stream:
+            return JSONResponse(completion_response(req.model, choices, prompt_tokens, completion_tokens, fingerprint))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunks = completion_chunks(req.model, choices, prompt_tokens, completion_tokens, fingerprint, include_usage)
+
+        async def events():
+            for c in chunks:
+                yield sse_event(c)
+            yield sse_event("[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
 

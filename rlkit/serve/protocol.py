@@ -2,12 +2,17 @@
 
 Shapes follow the OpenAI API reference for ``POST /v1/chat/completions`` (request: ``model``,
 ``messages``, ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``n``,
-``seed``; response: ``chat.completion`` objects with ``choices`` and ``usage``; errors:
-``{"error": {"message", "type", "param", "code"}}``), plus vLLM's extra ``top_k`` parameter.
+``seed``, ``stop``, ``stream`` / ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs``;
+response: ``chat.completion`` objects with ``choices`` and ``usage``, or with ``stream`` a server-sent
+event stream of ``chat.completion.chunk`` objects ending with ``data: [DONE]``; errors:
+``{"error": {"message", "type", "param", "code"}}``), plus vLLM's extra ``top_k``,
+``include_stop_str_in_output`` and ``return_tokens_as_token_ids`` parameters. The response types are
+checked against the ``openai`` package's own (openai.types.chat.ChatCompletion, ChatCompletionChunk) in
+tests/serve/test_openai_types.py.
 
 Everything a client can get wrong is an ``APIError`` with a 4xx status and a message naming the
 field; nothing here raises anything else on malformed input. Parameters the server cannot honour
-(streaming, stop sequences, tools, penalties, logprobs, ...) are refused with 400, never ignored.
+(tools, penalties, logit_bias, ...) are refused with 400, never ignored.
 """
 
 from __future__ import annotations
@@ -138,9 +143,24 @@ class Message(BaseModel):
     content: Union[str, list[Part], None] = None
 
 
+#: Largest ``top_logprobs`` (OpenAI's limit; vLLM's default --max-logprobs is also 20).
+MAX_TOP_LOGPROBS = 20
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: ``include_usage`` (a last chunk with ``usage`` and no choices; every other
+    chunk has ``"usage": null``), OpenAI's ``include_obfuscation`` (accepted; this server adds no
+    obfuscation padding) and vLLM's ``continuous_usage_stats`` (refused unless false)."""
+
+    include_usage: bool | None = Field(default=None, strict=True)
+    include_obfuscation: bool | None = Field(default=None, strict=True)
+    continuous_usage_stats: Literal[False] | None = None
+
+
 class ChatRequest(BaseModel):
     """The body of ``POST /v1/chat/completions`` (OpenAI fields this server honours, plus vLLM's
-    ``top_k``). Unlisted fields are accepted only if ``UNSUPPORTED`` does not refuse their value."""
+    ``top_k``, ``include_stop_str_in_output`` and ``return_tokens_as_token_ids``). Unlisted fields are
+    accepted only if ``UNSUPPORTED`` does not refuse their value."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -159,6 +179,15 @@ class ChatRequest(BaseModel):
     # unless vLLM's extra field include_stop_str_in_output is true (rlkit's rollouts keep it)
     stop: Union[Annotated[str, Field(strict=True)], list[Annotated[str, Field(strict=True)]], None] = None
     include_stop_str_in_output: bool | None = Field(default=None, strict=True)
+    # server-sent events (OpenAI's streaming); stream_options only with stream (OpenAI refuses it otherwise)
+    stream: bool | None = Field(default=None, strict=True)
+    stream_options: StreamOptions | None = None
+    # OpenAI: logprobs of the returned tokens, and at each position the top_logprobs most likely (0..20;
+    # top_logprobs needs logprobs=true)
+    logprobs: bool | None = Field(default=None, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
+    # vLLM's extra field: each logprobs ``token`` as "token_id:<id>" (exact ids for RL clients)
+    return_tokens_as_token_ids: bool | None = Field(default=None, strict=True)
 
     def stop_strings(self) -> tuple[str, ...]:
         """``stop`` as a tuple (a lone string is one sequence; "" and [] are none)."""
@@ -172,15 +201,11 @@ MAX_STOP = 4
 
 #: Request fields whose non-neutral values cannot be honoured: field -> (is the value neutral?, why).
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "stream": (lambda v: v in (None, False), "streaming is not supported; send stream=false"),
-    "stream_options": (lambda v: v is None, "stream_options needs streaming, which is not supported"),
     "tools": (lambda v: v in (None, []), "tools are not supported"),
     "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported"),
     "functions": (lambda v: v in (None, []), "functions are not supported"),
     "function_call": (lambda v: v in (None, "none"), "function_call is not supported"),
     "logit_bias": (lambda v: v in (None, {}), "logit_bias is not supported"),
-    "logprobs": (lambda v: v in (None, False), "logprobs are not returned by this server"),
-    "top_logprobs": (lambda v: v in (None, 0), "top_logprobs are not returned by this server"),
     "presence_penalty": (lambda v: v in (None, 0, 0.0), "presence_penalty is not supported (only 0)"),
     "frequency_penalty": (lambda v: v in (None, 0, 0.0), "frequency_penalty is not supported (only 0)"),
     "repetition_penalty": (lambda v: v in (None, 1, 1.0), "repetition_penalty is not supported (only 1)"),
@@ -256,8 +281,9 @@ def parse_request(body: bytes) -> ChatRequest:
 
     Returns: the ChatRequest.
     Raises: APIError 400 for invalid JSON, a non-object body, a lone surrogate in any string (naming
-    where), a missing or ill-typed field (naming it; JSON types are not coerced), or a parameter this
-    server cannot honour (``UNSUPPORTED``).
+    where), a missing or ill-typed field (naming it; JSON types are not coerced), ``stream_options``
+    without ``stream``, ``top_logprobs`` > 0 without ``logprobs``, or a parameter this server cannot
+    honour (``UNSUPPORTED``).
     """
     try:
         data = json.loads(body)
@@ -281,6 +307,12 @@ def parse_request(body: bytes) -> ChatRequest:
     if len(stop) > MAX_STOP or any(x == "" for x in stop):
         raise APIError(400, f"'stop' takes at most {MAX_STOP} non-empty strings, got {len(stop)}"
                        f"{' with an empty one' if '' in stop else ''}", param="stop", code="invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
+                       code="invalid_value")
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, f"'top_logprobs'={req.top_logprobs} needs 'logprobs': true", param="top_logprobs",
+                       code="invalid_value")
     for key, (neutral, why) in UNSUPPORTED.items():
         try:
             ok = neutral(data.get(key))
@@ -378,12 +410,56 @@ def decode_image_url(url: str, limits: ServeLimits, param: str) -> DecodedImage:
 # ---------------------------------------------------------------------------------------- response
 
 
-def completion_response(model: str, choices: list[tuple], prompt_tokens: int, completion_tokens: int,
-                        fingerprint: str | None = None) -> dict[str, Any]:
-    """A ``chat.completion`` object (OpenAI shape).
+#: OpenAI's logprob for a token outside what can be represented ("-9999.0 is used to signify that the token
+#: is very unlikely"): a banned id's -inf (JSON has no infinity) is reported as this.
+VERY_UNLIKELY = -9999.0
 
-    choices: (content, finish_reason[, stop_reason]) per choice, finish_reason "stop" or "length";
-    stop_reason (vLLM's field): the stop sequence that ended the choice, else None.
+
+def _finite(lp: float) -> float:
+    return lp if lp > VERY_UNLIKELY else VERY_UNLIKELY
+
+
+def token_logprob(token: str, raw: bytes, logprob: float, top: list[tuple[str, bytes, float]] | None = None
+                  ) -> dict[str, Any]:
+    """One entry of ``choices[i].logprobs.content`` (openai.types.chat.ChatCompletionTokenLogprob).
+
+    token: the token's text. raw: its UTF-8 bytes (``bytes`` is their list of ints). logprob: natural log
+    (values below -9999, including -inf, are reported as -9999.0 as OpenAI does). top: (token, bytes,
+    logprob) of the most likely tokens at this position, most likely first ([] when not asked).
+    """
+    return {"token": token, "logprob": _finite(float(logprob)), "bytes": list(raw),
+            "top_logprobs": [{"token": t, "logprob": _finite(float(lp)), "bytes": list(b)} for t, b, lp in top or ()]}
+
+
+@dataclass
+class ChoiceOut:
+    """One choice as the server returns it.
+
+    content: the message text (a left-out stop sequence already cut). finish_reason: "stop" | "length".
+    stop_reason: the stop sequence that ended it (vLLM's field), else None. logprobs: token_logprob entries,
+    one per sampled token (the final ``<|im_end|>`` included, as ``usage.completion_tokens`` counts it), or
+    None when the request did not ask for logprobs. deltas: ``content`` split into one piece per sampled
+    token (rlkit.serve.tokens.TokenText.deltas), for a stream.
+    """
+
+    content: str
+    finish_reason: str
+    stop_reason: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    deltas: list[str] | None = None
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_response(model: str, choices: list[ChoiceOut], prompt_tokens: int, completion_tokens: int,
+                        fingerprint: str | None = None) -> dict[str, Any]:
+    """A ``chat.completion`` object (OpenAI shape; openai.types.chat.ChatCompletion).
+
+    choices: ChoiceOut per choice (``logprobs`` None gives ``"logprobs": null``, else
+    ``{"content": [...]}``); ``stop_reason`` is vLLM's extra field.
     prompt_tokens: prompt length in tokens (image placeholder tokens included).
     completion_tokens: sampled tokens over all choices, the end-of-turn token included (as vLLM counts).
     fingerprint: ``system_fingerprint`` (here: names the adapter weights served).
@@ -395,10 +471,63 @@ def completion_response(model: str, choices: list[tuple], prompt_tokens: int, co
         "model": model,
         "system_fingerprint": fingerprint,
         "choices": [
-            {"index": i, "message": {"role": "assistant", "content": c[0]}, "logprobs": None, "finish_reason": c[1],
-             "stop_reason": c[2] if len(c) > 2 else None}
+            {"index": i, "message": {"role": "assistant", "content": c.content},
+             "logprobs": None if c.logprobs is None else {"content": c.logprobs},
+             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             for i, c in enumerate(choices)
         ],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": _usage(prompt_tokens, completion_tokens),
     }
+
+
+def completion_chunks(model: str, choices: list[ChoiceOut], prompt_tokens: int, completion_tokens: int,
+                      fingerprint: str | None = None, include_usage: bool = False) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed answer (openai.types.chat.ChatCompletionChunk), in
+    order; each is sent as one ``data: <json>`` server-sent event, then ``data: [DONE]``.
+
+    Per choice: a first chunk ``delta {"role": "assistant", "content": ""}``; then, token by token (choices
+    interleaved), ``delta {"content": piece}`` with that token's logprobs entry (``{"content": [entry]}``)
+    when asked (a chunk whose piece is empty is sent only to carry logprobs); then a last chunk ``delta {}``
+    with ``finish_reason`` (and vLLM's ``stop_reason``). With ``include_usage`` (``stream_options``) every
+    chunk has ``"usage": null`` and a final chunk with no choices carries the usage, as OpenAI streams it.
+    All chunks share one ``id`` and ``created``. choices need ``deltas`` (ChoiceOut); the pieces of a choice
+    concatenate to its ``content``, so the streamed text is the non-streamed text.
+
+    Raises: ValueError when a choice has no ``deltas`` or its deltas do not add up to its content.
+    """
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(index: int, delta: dict, logprobs=None, finish=None, **extra) -> dict[str, Any]:
+        c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "system_fingerprint": fingerprint,
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}]}
+        if include_usage:
+            c["usage"] = None
+        return c
+
+    for i, c in enumerate(choices):
+        if c.deltas is None or "".join(c.deltas) != c.content:
+            raise ValueError(f"choice {i}: its deltas do not add up to its content")
+        if c.logprobs is not None and len(c.logprobs) != len(c.deltas):
+            raise ValueError(f"choice {i}: {len(c.logprobs)} logprobs entries for {len(c.deltas)} tokens")
+    out = [chunk(i, {"role": "assistant", "content": ""}) for i in range(len(choices))]
+    for t in range(max((len(c.deltas) for c in choices), default=0)):
+        for i, c in enumerate(choices):
+            if t >= len(c.deltas) or (not c.deltas[t] and c.logprobs is None):
+                continue
+            out.append(chunk(i, {"content": c.deltas[t]},
+                             logprobs=None if c.logprobs is None else {"content": [c.logprobs[t]]}))
+    out += [chunk(i, {}, finish=c.finish_reason, stop_reason=c.stop_reason) for i, c in enumerate(choices)]
+    if include_usage:
+        out.append({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "system_fingerprint": fingerprint, "choices": [],
+                    "usage": _usage(prompt_tokens, completion_tokens)})
+    return out
+
+
+def sse_event(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event ``data: <json>\\n\\n`` (``data: [DONE]`` for the string "[DONE]"); JSON with
+    non-ASCII escaped, so every event encodes whatever text the model sampled."""
+    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=True, allow_nan=False,
+                                                          separators=(",", ":"))
+    return f"data: {body}\n\n".encode("ascii")

@@ -144,3 +144,36 @@ def test_every_adapter_serves_its_file_values_whatever_the_base_dtype(base_dir, 
             assert torch.equal(live.detach(), tensor.to(live.dtype)), (name, key)
             if live.dtype == torch.float32:  # kept in float32 (PEFT's autocast): not rounded on the way in
                 assert torch.equal(live.detach(), tensor)
+
+
+def test_api_key_sources_follow_vllm(monkeypatch, adapters, capsys):
+    """--api-key KEY (repeatable) wins over VLLM_API_KEY, as vllm serve's; --api-key-env VAR reads another variable;
+    a printed vllm command never holds the key."""
+    serve = load_script("serve")
+
+    def keys(*argv):
+        return serve.api_keys(serve.build_parser().parse_args(list(argv)))[0]
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert keys() is None
+    assert keys("--api-key", "k1") == ("k1",) and keys("--api-key", "k1", "--api-key", "k2") == ("k1", "k2")
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert keys() == ("from-env",) and keys("--api-key", "k1") == ("k1",)
+    monkeypatch.setenv("MY_KEY", "mine")
+    assert keys("--api-key-env", "MY_KEY") == ("mine",)
+    with pytest.raises(ValueError, match="both given"):
+        keys("--api-key", "k1", "--api-key-env", "MY_KEY")
+    with pytest.raises(ValueError, match="empty key"):
+        keys("--api-key", "")
+    monkeypatch.setenv("VLLM_API_KEY", "")  # an empty variable is no key, as vLLM reads it
+    assert keys() is None
+
+    for argv, var in ((["--api-key", "secret-flag"], "VLLM_API_KEY"), (["--api-key-env", "MY_KEY"], "MY_KEY")):
+        assert serve.main(["--adapter", f"a={adapters['a']}", *argv, "--print-vllm"]) == 0
+        out = capsys.readouterr().out
+        assert "secret-flag" not in out and "mine" not in out
+        assert f'--api-key "${var}"' in out
+        assert ("export it with the value of --api-key" in out) == (var == "VLLM_API_KEY")
+    assert serve.main(["--adapter", f"a={adapters['a']}", "--api-key", "k1", "--api-key", "k2", "--engine", "vllm",
+                       "--print-vllm"]) == 2
+    assert "give one --api-key" in capsys.readouterr().err

@@ -25,7 +25,8 @@ N_REQUESTS = 1_200
 WRONG = [True, False, None, "8", "", "\ud800", -1, 0, 1.5, 10**30, -(10**30), [], [1], {}, {"a": 1}, "NaN",
          1e308, "x" * 5000]
 FIELDS = ["model", "messages", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "seed",
-          "stream", "stop", "logprobs", "metadata", "user"]
+          "stream", "stop", "logprobs", "metadata", "user", "top_logprobs", "stream_options",
+          "return_tokens_as_token_ids"]
 
 
 @pytest.fixture(scope="module")

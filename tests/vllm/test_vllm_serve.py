@@ -4,7 +4,8 @@ rlkit's side runs where rlkit runs (.venv, transformers 5.8.1): ``train.py exper
 (with LoRA on the language model and the vision side, without the Conv3d patch embedding vLLM cannot apply),
 ``scripts/serve.py --engine vllm`` starts vLLM from .venv-vllm and probes it against rlkit's engine before it
 says it is ready, and ``scripts/play.py`` plays the run's evaluation mazes through it. Greedy, float32: the
-per-maze outcomes (every reply text) must equal the run's own evaluation (eval/final.json).
+per-maze outcomes (every reply text) must equal the run's own evaluation (eval/final.json). With ``--api-key``, and
+the openai client streaming a greedy answer with logprobs: the non-streamed answer, token for token.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RLKIT_PYTHON = Path(os.environ.get("RLKIT_REFERENCE_PYTHON", ROOT / ".venv" / "bin" / "python"))
 #: The language model and the vision side without the patch embedding (rlkit.serve.vllm's recommended list).
 TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,linear_fc1,linear_fc2]"
+#: The API key serve.py is started with (--api-key; vLLM gets it as VLLM_API_KEY).
+KEY = "vllm-test-key"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -69,7 +72,7 @@ def test_serve_engine_vllm_plays_the_runs_eval_exactly(run_dir, tmp_path):
     log = tmp_path / "serve.log"
     with log.open("w") as f:
         server = subprocess.Popen([str(RLKIT_PYTHON), str(ROOT / "scripts" / "serve.py"), "--adapter", str(run_dir),
-                                   "--engine", "vllm", "--port", str(port), "--threads", "1"],
+                                   "--engine", "vllm", "--port", str(port), "--threads", "1", "--api-key", KEY],
                                   cwd=ROOT, env=_env(run_dir.parent), stdout=f, stderr=subprocess.STDOUT)
     try:
         t0 = time.monotonic()
@@ -86,18 +89,30 @@ def test_serve_engine_vllm_plays_the_runs_eval_exactly(run_dir, tmp_path):
                                 r"tolerance 0.0001 in float32\)", text).group(1))
         assert worst < 1e-4
 
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        with pytest.raises(openai.AuthenticationError):  # --api-key reached vLLM (as VLLM_API_KEY)
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
         models = {m.id: getattr(m, "parent", None) for m in client.models.list().data}
         assert models == {"base": None, run_dir.name: "base"}
-        reply = client.chat.completions.create(model=run_dir.name, max_tokens=8, temperature=0,
-                                               messages=[{"role": "user", "content": "hello"}])
+        kw = dict(model=run_dir.name, max_tokens=8, temperature=0, messages=[{"role": "user", "content": "hello"}],
+                  logprobs=True, top_logprobs=2)
+        reply = client.chat.completions.create(**kw)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].finish_reason in ("stop", "length")
+        # the openai client streams from vLLM and reads its logprobs: the non-streamed answer, token for token
+        chunks = list(client.chat.completions.create(**kw, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.choices[0].message.content
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        once = reply.choices[0].logprobs.content
+        assert [e.token for e in streamed] == [e.token for e in once] and len(once) >= 1
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, once)) < 1e-4
+        assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-4 for e in once)
 
         play_out = tmp_path / "play.json"
         proc = subprocess.run([str(RLKIT_PYTHON), str(ROOT / "scripts" / "play.py"), "--url",
-                               f"http://127.0.0.1:{port}/v1", "--run", str(run_dir), "--out", str(play_out)],
-                              check=False, cwd=ROOT, env=_env(run_dir.parent), capture_output=True, text=True,
-                              timeout=300)
+                               f"http://127.0.0.1:{port}/v1", "--run", str(run_dir), "--out", str(play_out),
+                               "--api-key-env", "RLKIT_TEST_KEY"],
+                              check=False, cwd=ROOT, env={**_env(run_dir.parent), "RLKIT_TEST_KEY": KEY},
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         want, got = _outcomes(run_dir / "eval" / "final.json"), _outcomes(play_out)
         assert len(got) == 4 and got == want
