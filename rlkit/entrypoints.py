@@ -13,20 +13,30 @@ with the command's own arguments, so a tool behaves the same from a clone and fr
 
 from __future__ import annotations
 
-import runpy
 import sys
+import types
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent / "_scripts" / "scripts"
 
 
 def _run_script(name: str) -> None:
-    """Run the user tool ``scripts/<name>.py`` as ``__main__`` (its exit status is the command's)."""
+    """Run the user tool ``scripts/<name>.py`` as ``__main__`` (its exit status is the command's), as runpy would
+    but leaving ``sys.argv[0]`` the command's name, so its usage line says ``rlkit-<name>``."""
     path = SCRIPTS / f"{name}.py"
     if not path.is_file():
         sys.exit(f"rlkit-{name}: {path} is missing from this rlkit install")
     _point_serve_config_at_conf()
-    runpy.run_path(str(path), run_name="__main__")
+    module = types.ModuleType("__main__")
+    module.__file__ = str(path)
+    code = compile(path.read_bytes(), str(path), "exec")
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def _point_serve_config_at_conf() -> None:
