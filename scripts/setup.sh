@@ -41,8 +41,9 @@ install_with_uv() {
 
 install_with_pip() {
   .venv/bin/python -m pip install -q --upgrade pip
-  # the lock's pins when uv can export them (a .venv whose uv is there), else pyproject's ranges
+  # the lock's pins when uv can export them (uv is a small wheel: tried even here), else pyproject's ranges
   local pins=()
+  [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q "uv==$UV_VERSION" || true
   if [ -x .venv/bin/uv ] && export_pins; then pins=(-c "$PINS"); else
     echo "setup: no uv to read uv.lock; pip resolves pyproject.toml's ranges instead of the locked versions"; fi
   .venv/bin/python -m pip install -q "${pins[@]}" torch
