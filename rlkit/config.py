@@ -18,9 +18,27 @@ from omegaconf import MISSING
 
 from rlkit.cache_dir import register_resolver
 
+
+
+def _conf_dir() -> Path:
+    """rlkit's config folder: ``rlkit/conf`` (in a checkout a link to the repository's conf/; in an installed wheel
+    the copy it carries as package data), else the checkout's conf/ itself (a checkout without the link, e.g. on a
+    file system without symbolic links). The package's own comes first, so an installed rlkit never reads a
+    ``conf/`` some other package left beside it in site-packages."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "conf", here.parent / "conf"):
+        if (cand / "train.yaml").is_file():
+            return cand
+    return here / "conf"
+
+
+#: The folder of conf/train.yaml and its groups, for ``python train.py`` in a checkout and ``rlkit-train`` from an
+#: installed wheel alike (rlkit.train's Hydra app, rlkit.plugins' compose outside a job).
+CONF_DIR = _conf_dir()
+
 #: conf/compat.yaml: how the config of a checkpoint written by an earlier rlkit is read (keys added, renamed and
 #: removed since), for resume and the warm-start cache keys. Loaded once, as plain dicts.
-COMPAT_FILE = Path(__file__).resolve().parents[1] / "conf" / "compat.yaml"
+COMPAT_FILE = CONF_DIR / "compat.yaml"
 
 
 def compat_table(section: str) -> dict[str, Any]:

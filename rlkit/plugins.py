@@ -3,7 +3,6 @@ a typed group as its dataclass. Every failure is a ConfigError naming the group 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
@@ -38,8 +37,8 @@ def compose_train(overrides: list[str], resolve_dtype: bool = True) -> DictConfi
     job run by itself does.
 
     Inside a running job (Hydra already initialised by ``train.py``) it composes through that job's config
-    search path; elsewhere (tests, scripts) from this checkout's conf/. Keys that interpolate ``${hydra:...}``
-    (``paths.*``) resolve only inside a job: set them before reading them elsewhere.
+    search path; elsewhere (tests, scripts) from rlkit's conf/ (rlkit.config.CONF_DIR). Keys that interpolate
+    ``${hydra:...}`` (``paths.*``) resolve only inside a job: set them before reading them elsewhere.
 
     Raises: ConfigError naming the overrides, with Hydra's message (an unknown group option, key or value).
     """
@@ -53,13 +52,12 @@ def _compose_train(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import rlkit.config  # noqa: F401  (registers the schema)
+    from rlkit.config import CONF_DIR  # (importing it registers the schema)
 
     try:
         if GlobalHydra.instance().is_initialized():
             return compose(config_name="train", overrides=list(overrides))
-        conf = Path(__file__).resolve().parents[1] / "conf"
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name="train", overrides=list(overrides))
     except Exception as e:  # hydra raises ConfigCompositionException, OverrideParseException, MissingConfigException
         raise ConfigError(f"config overrides {list(overrides)} do not compose: {e}") from e

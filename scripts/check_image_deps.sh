@@ -5,7 +5,8 @@
 #   bash scripts/check_image_deps.sh --update   # rewrite docker/requirements.lock after changing a pin
 #
 # What is compiled: the requirements docker/Dockerfile installs, i.e. pyproject.toml's dependencies with
-# its `skyrl` extra (skyrl[fsdp]==0.3.0: vLLM 0.23.0, flash-attn, ...) plus docker/requirements-image.in
+# its `skyrl` extra (skyrl[fsdp]==0.3.0: vLLM 0.23.0, flash-attn, ...) and the image's other features (the
+# `vllm`, `serve`, `hyperpod` and `tensorboard` extras), plus docker/requirements-image.in
 # (torch and flash-attn's build tools), for the image's interpreter and platform (CPython 3.12, Ubuntu
 # 24.04 = manylinux_2_39, x86_64), with the Dockerfile's uv version and the same --override file
 # (docker/gpu-overrides.txt). One package is left out: flashinfer-jit-cache, which only flashinfer's own
@@ -50,7 +51,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 [ -f "$LOCK" ] && cp "$LOCK" "$tmp/requirements.lock"
 
-if ! "$UV" pip compile pyproject.toml docker/requirements-image.in --extra skyrl \
+if ! "$UV" pip compile pyproject.toml docker/requirements-image.in \
+      --extra skyrl --extra vllm --extra serve --extra hyperpod --extra tensorboard \
       --python-version 3.12 --python-platform x86_64-manylinux_2_39 \
       --override docker/gpu-overrides.txt --override docker/lock-excludes.txt \
       --cache-dir .cache/uv --quiet \

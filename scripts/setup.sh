@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Installs rlkit and everything its tests need into .venv, from nothing but Python 3.11.
-# torch==2.13.0 is pinned (here the local wheel directory serves the CPU wheel; on PyPI it is the CUDA build) so no
-# dependency pulls another torch. Never installs torchvision/torchaudio/torchcodec: they break transformers' Qwen-VL
-# import here.
+# Installs rlkit (editable, with its `dev` extra: every CPU feature and the tests) into .venv, from nothing but
+# Python 3.11, at the versions of uv.lock: the lock is exported as pip constraints, so every package gets its locked
+# version and nothing else moves. torch is the lock's 2.13.0 from wherever pip is configured to find it: here the
+# local wheel directory serves the CPU build (2.13.0+cpu satisfies ==2.13.0); elsewhere point pip at PyTorch's CPU
+# index, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu (on PyPI, Linux's torch is the CUDA build;
+# docs/install.md). The CUDA wheels the lock lists for PyPI's torch (nvidia-*, triton) are only constraints: the
+# CPU torch does not require them, so they are not installed. Never installs torchvision/torchaudio/torchcodec:
+# they break transformers' Qwen-VL import here.
 #
-# The installer is uv (pinned below; the same resolved versions as pip, about 20 s instead of about 2 minutes here,
+# The installer is uv (pinned below; the same versions as pip, about 20 s instead of about 2 minutes here,
 # docs/speed.md); where uv cannot be installed or fails, pip installs the same set. RLKIT_INSTALLER=pip forces pip.
+# After changing a dependency in pyproject.toml: `.venv/bin/uv lock` (keeps every other locked version) and commit
+# uv.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -13,50 +19,45 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# SkyRL's config classes, so the skyrl backend's compiled config is validated by SkyRL's own schema in the tests.
-# --no-deps: SkyRL's pins would replace torch/transformers/ray (see docs/skyrl.md).
-NODEPS=("skyrl==0.3.0" "loguru==0.7.3")
+UV_VERSION=0.13.9
+PINS=.venv/rlkit-lock-pins.txt
+
+# uv.lock's versions for .venv's set (the dev extra) as a constraints file; needs uv, not the network (--frozen).
+export_pins() {
+  .venv/bin/uv export -q --frozen --no-hashes --no-header --no-annotate --no-emit-project --extra dev -o "$PINS"
+}
 
 install_with_uv() {
-  .venv/bin/python -m pip install -q "uv==0.13.9" || return 1
-  # uv reads neither pip.conf nor PIP_* variables: hand it pip's own index settings (find-links, index URLs,
-  # constraints), as `pip config list` reports them; file:// locations that do not exist are left out.
+  .venv/bin/python -m pip install -q "uv==$UV_VERSION" || return 1
+  export_pins || return 1
+  # uv reads neither pip.conf nor PIP_* variables: hand it pip's own index settings (scripts/pip_index_args.py)
   local args
-  mapfile -t args < <(.venv/bin/python - <<'PYEOF'
-import os, shlex, subprocess, sys
-out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-flags = {"find-links": "--find-links", "index-url": "--index-url", "extra-index-url": "--extra-index-url",
-         "constraint": "--constraint"}
-seen = set()
-for line in out.splitlines():
-    key, _, value = line.partition("=")
-    name = key.rsplit(".", 1)[-1]
-    if name not in flags:
-        continue
-    for item in shlex.split(value.strip().strip("'\"")):
-        path = item[len("file://"):] if item.startswith("file://") else (item if "://" not in item else None)
-        if path is not None and not os.path.exists(path) or (name, item) in seen:
-            continue
-        seen.add((name, item))
-        print(flags[name]); print(item)
-PYEOF
-  )
+  mapfile -t args < <(.venv/bin/python scripts/pip_index_args.py)
   # --index-strategy unsafe-best-match: every index's versions compete, as in pip (uv's default takes a package's
   # versions from the first index that has it)
   local uv=(.venv/bin/uv pip install -q --python .venv/bin/python --index-strategy unsafe-best-match "${args[@]}")
-  "${uv[@]}" "torch==2.13.0" -e ".[dev]" && "${uv[@]}" --no-deps "${NODEPS[@]}"
+  "${uv[@]}" -c "$PINS" torch -e ".[dev]"
 }
 
 install_with_pip() {
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[dev]"
-  .venv/bin/python -m pip install -q --no-deps "${NODEPS[@]}"
+  # the lock's pins when uv can export them (uv is a small wheel: tried even here), else pyproject's ranges
+  local pins=()
+  [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q "uv==$UV_VERSION" || true
+  if [ -x .venv/bin/uv ] && export_pins; then pins=(-c "$PINS"); else
+    echo "setup: no uv to read uv.lock; pip resolves pyproject.toml's ranges instead of the locked versions"; fi
+  .venv/bin/python -m pip install -q "${pins[@]}" torch
+  .venv/bin/python -m pip install -q "${pins[@]}" -e ".[dev]"
 }
 
 if [ "${RLKIT_INSTALLER:-uv}" = pip ] || ! install_with_uv; then
   [ "${RLKIT_INSTALLER:-uv}" = pip ] || echo "setup: uv did not install the set; installing with pip instead"
   install_with_pip
+fi
+# SkyRL itself is not in .venv (its pins conflict with the base set; it lives in .venv-skyrl and the GPU image,
+# docs/skyrl.md). A .venv from before had it installed --no-deps, which `pip check` reports as broken: remove it.
+if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('skyrl') is None)" 2>/dev/null; then
+  .venv/bin/python -m pip uninstall -q -y skyrl loguru
 fi
 .venv/bin/python - <<'PYEOF'
 import importlib.util, sys

@@ -1,7 +1,8 @@
 """backend=skyrl: the Hydra config compiled into SkyRL's config, validated by SkyRL's own classes.
 
-SkyRL's config module (skyrl 0.3.0) imports on CPU with `pip install --no-deps skyrl==0.3.0 loguru`;
-the tests that need it skip without it. Its full SkyRLTrainConfig (whose __post_init__ imports the
+SkyRL's config module (skyrl 0.3.0) imports on CPU with `pip install --no-deps skyrl==0.3.0 loguru`
+(not in .venv: installed that way its requirements break `pip check`; docs/install.md); the tests that need it
+skip without it. Its full SkyRLTrainConfig (whose __post_init__ imports the
 GPU inference backend) is used when that imports (Python 3.12 + rlkit[skyrl]); else the four
 sections are built with SkyRL's strict builder (rlkit.backends.skyrl.schema).
 """
@@ -390,6 +391,7 @@ def test_real_run_without_gpu_stack_stops_with_the_install_hint(tmp_path):
     """backend=skyrl without dry_run on a CPU machine: datasets are written, then the launch names the fix."""
     if sys.version_info >= (3, 12):
         pytest.skip("the guard's Python-version branch is what this CPU test checks")
+    pytest.importorskip("skyrl.train.config.config")  # validation comes first; without SkyRL it stops there
     from rlkit.backends.skyrl.entrypoint import SkyRLUnavailableError
 
     cfg = compose_cfg([*SCENARIO, "logger=console", "steps=1", f"backend.run_dir={tmp_path}/run",
