@@ -26,7 +26,6 @@ def _run_script(name: str) -> None:
     path = SCRIPTS / f"{name}.py"
     if not path.is_file():
         sys.exit(f"rlkit-{name}: {path} is missing from this rlkit install")
-    _point_serve_config_at_conf()
     module = types.ModuleType("__main__")
     module.__file__ = str(path)
     code = compile(path.read_bytes(), str(path), "exec")
@@ -37,17 +36,6 @@ def _run_script(name: str) -> None:
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
-
-
-def _point_serve_config_at_conf() -> None:
-    """rlkit.serve.config composes from ``<its package root's parent>/conf``, which is the checkout's conf/ in a
-    clone but not there in an installed wheel (site-packages has no conf/): give it rlkit's own (CONF_DIR) when its
-    folder is missing. Does nothing in a checkout."""
-    import rlkit.serve.config as serve_config
-    from rlkit.config import CONF_DIR
-
-    if not (Path(serve_config.CONF_DIR) / "train.yaml").is_file():
-        serve_config.CONF_DIR = CONF_DIR
 
 
 def eval_main() -> None:

@@ -45,19 +45,14 @@ def test_console_commands_and_their_scripts():
     assert {SCRIPTS / f"{n}.py" for n in ("eval", "serve", "play", "report")} <= shipped
 
 
-def test_tools_compose_from_rlkits_conf_where_serve_config_has_none(monkeypatch, tmp_path):
-    """In a wheel, rlkit.serve.config's own guess (<site-packages>/conf) does not exist; the commands point it at
-    rlkit's CONF_DIR. In a checkout its guess is conf/ and stays."""
+def test_every_reader_of_conf_uses_rlkits_conf_dir():
+    """In a wheel there is no conf/ beside the packages: the serve config and the validation's option lists read
+    rlkit.config.CONF_DIR (the package's copy, or the checkout's conf/ in a clone), as the training app does."""
+    import rlkit.recipes.validation as validation
     import rlkit.serve.config as serve_config
     from rlkit.config import CONF_DIR
-    from rlkit.entrypoints import _point_serve_config_at_conf
 
-    assert Path(serve_config.CONF_DIR) == ROOT / "conf"
-    _point_serve_config_at_conf()
-    assert Path(serve_config.CONF_DIR) == ROOT / "conf"
-    monkeypatch.setattr(serve_config, "CONF_DIR", tmp_path / "site-packages" / "conf")
-    _point_serve_config_at_conf()
-    assert serve_config.CONF_DIR == CONF_DIR
+    assert serve_config.CONF_DIR == validation.CONF == CONF_DIR and (CONF_DIR / "train.yaml").is_file()
     cfg = serve_config.compose(["experiment=smoke"])
     assert cfg.steps == 2  # the smoke experiment's (train.yaml says 150)
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlkit.config import CONF_DIR as CONF  # the package's conf/ (a wheel) or the checkout's
 from rlkit.config import check_ranges
 from rlkit.env_check import check_env  # noqa: F401  (the recipe checks the env with the config)
 from rlkit.errors import ConfigError
 from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions, SupportsRecoveryDemonstrations
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def config_problems(cfg: DictConfig) -> list[str]:

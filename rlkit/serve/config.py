@@ -15,10 +15,10 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+from rlkit.config import CONF_DIR  # the package's conf/ (a wheel) or the checkout's
+
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = ROOT / "conf"
 
 
 class ConfigComposeError(ValueError):
