@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.config import KEYS_ADDED_LATER, compat_table
-from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys
+from rlkit.run_folder import SWEPT_KEYS_ENV, swept_keys
 
 #: Config keys (dotted; a key covers everything under it) that may change when a run resumes. The new
 #: values apply from the resumed step on: ``steps`` (train to the new total; a cosine schedule stretches to
@@ -199,7 +199,7 @@ def check_sweep_resume(path: Path, changes: dict[str, tuple[Any, Any]], out: Pat
     Hydra matches a sweep's jobs to folders by job number, so a sweep run again into the same
     ``hydra.sweep.dir`` with another value list would hand job 0's folder, trained at ``lr=1e-5``, the value
     ``lr=1e-4``. The swept keys come from the sweep's ``multirun.yaml`` in a local multirun, and from
-    ``$RLKIT_SWEPT_KEYS`` (rlkit.sweep.SWEPT_KEYS_ENV) in a job the Ray Jobs launchers run on a cluster.
+    ``$RLKIT_SWEPT_KEYS`` (rlkit.run_folder.SWEPT_KEYS_ENV) in a job the Ray Jobs launchers run on a cluster.
     Raises CheckpointError naming the key, both values and the fix."""
     if ckpt_root.resolve() not in Path(path).resolve().parents:
         return  # trainer.resume_path: a sweep may well start every job from one checkpoint elsewhere

@@ -54,7 +54,7 @@ from rlkit.recipes.heal import WorkerLostError, lost_worker_or_raise, start_work
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config, check_env
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
-from rlkit.run import accept_run_config
+from rlkit.run_folder import accept_run_config
 from rlkit.sampling import SampledBatch, StepSampler
 from rlkit.stages import warm_start as ws
 from rlkit.tasks import training_sampler
@@ -164,7 +164,7 @@ class GRPORecipe:
             self.logger.resume_history(self.metrics_file.read(), self.state.step)
 
     def _resume(self, path: Path | None) -> None:
-        """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run.accept_run_config):
+        """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run_folder.accept_run_config):
         its settings checked, its builds done, and nothing of it written into the folder yet."""
         accept_run_config(self.out)
         if path is None:
