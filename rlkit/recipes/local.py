@@ -20,13 +20,13 @@ from typing import Any, Iterator
 import torch
 
 from rlkit.algorithms.nll import AuxTerm
+from rlkit.demonstrations import demonstration_trajectories
 from rlkit.evaluation import evaluate
 from rlkit.faults import maybe_crash
 from rlkit.plugins import instantiate_plugin
 from rlkit.policy import make_engine
 from rlkit.recipes.executor import ExecutorContext
 from rlkit.rollout import rollout
-from rlkit.stages.sft import demonstration_trajectories
 from rlkit.update import grpo_update
 
 
