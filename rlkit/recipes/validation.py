@@ -65,7 +65,7 @@ def rollout_engine_problems(cfg: DictConfig) -> list[str]:
     if r.get("engine", "rlkit") != "vllm":
         return []
     from rlkit.policy.vllm_engine import vllm_python_problem
-    from rlkit.serve.vllm import VLLM_LORA_RANKS, patch_embed_targets
+    from rlkit.policy.vllm_facts import VLLM_LORA_RANKS, patch_embed_targets
 
     problems = []
     if (missing := vllm_python_problem()) is not None:

@@ -554,7 +554,7 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
             "characters; use all-linear or a list of module names"
         )
     targets, exclude = _lora_targets(lo.target_modules, lo.include_vision)
-    from rlkit.serve.vllm import patch_embed_targets, targets_reach_vision
+    from rlkit.policy.vllm_facts import patch_embed_targets, targets_reach_vision
 
     conv = patch_embed_targets(lo.target_modules) if lo.enabled else []
     if conv:
