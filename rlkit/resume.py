@@ -46,6 +46,10 @@ RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.
 #: The git tag that holds the removed levers' code (conf/compat.yaml ``removed``).
 REMOVED_LEVERS_TAG = "levers-before-removal"
 
+#: conf/sampling/'s options before the strategies were classes (``sampling.name``) -> their ``_target_`` today
+#: (rlkit.sampling.strategies.TARGETS; written out here so that resume stays below the sampling package).
+SAMPLING_TARGETS = {"plain": "rlkit.sampling.PlainSampling", "dapo": "rlkit.sampling.DapoSampling"}
+
 
 @dataclass
 class RunState:
@@ -140,8 +144,15 @@ def upgrade_flat_config(old: dict[str, Any], new_keys: set[str]) -> dict[str, An
     for old_key, new_key in compat_table("renamed").items():
         if old_key in a and new_key not in a:
             a[new_key] = a.pop(old_key)
-    if "sampling.max_rounds" in a and "sampling.name" not in a:  # before conf/sampling/, rounds > 0 meant dapo
-        a["sampling.name"] = "dapo" if a["sampling.max_rounds"] else "plain"
+    if "sampling.max_rounds" in a and "sampling.name" not in a and "sampling._target_" not in a:
+        a["sampling.name"] = "dapo" if a["sampling.max_rounds"] else "plain"  # before conf/sampling/: rounds > 0 = dapo
+    if "sampling.name" in a and "sampling._target_" not in a:  # before the strategies were classes (issue 76)
+        name = a.pop("sampling.name")
+        a["sampling._target_"] = SAMPLING_TARGETS.get(name, name)
+        if name == "plain":  # plain's unused keys, at the values that said so, are not keys of PlainSampling
+            for key, neutral in (("sampling.max_rounds", 0), ("sampling.adaptive_batch", False)):
+                if a.get(key) == neutral:
+                    del a[key]
     for old_key, new_key in compat_table("renamed_one_phase").items():
         phases = a.get(old_key)
         if new_key not in a and isinstance(phases, list) and len(phases) == 1 and isinstance(phases[0], list):

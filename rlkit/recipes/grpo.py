@@ -34,7 +34,6 @@ from rlkit.config import (
     EvalConfig,
     OptimConfig,
     RolloutConfig,
-    SamplingConfig,
     TrainerConfig,
     stop_strings,
 )
@@ -55,7 +54,7 @@ from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config, check_env
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
 from rlkit.run_folder import accept_run_config
-from rlkit.sampling import SampledBatch, StepSampler
+from rlkit.sampling import SampledBatch, StepSampler, sampling_strategy
 from rlkit.stages import warm_start as ws
 from rlkit.tasks import training_sampler
 
@@ -149,7 +148,7 @@ class GRPORecipe:
         self.aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
         self.sampler = StepSampler(
             rollout=self.executor.rollout, reward_fn=self.reward_fn, tasks=self.tasks,
-            demonstrations=self.executor.demonstrations, sampling=to_dataclass(cfg.sampling, SamplingConfig),
+            demonstrations=self.executor.demonstrations, sampling=sampling_strategy(cfg.sampling),
             aux=self.aux, algo=self.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step, seed=cfg.seed,
             steps=cfg.steps, base_sampling=self.sampling, control=cfg.get("control"), progress=self.progress)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
