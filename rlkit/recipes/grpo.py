@@ -123,10 +123,12 @@ class GRPORecipe:
         self.base_path = ws.starting_checkpoint(job, resume_from, build_threads(self.trainer.build_threads), threads,
                                                 check_config, self.progress)
         # control=fixed_image: a training task whose first picture every env shows (after the warm start, so the
-        # control starts from the same policy); the Ray rollout workers wrap their own envs with it
+        # control starts from the same policy); the executor gets the wrapped spec, Ray's workers wrap their own envs
         self.fixed_image_seed = None
         if cfg.get("control") == "fixed_image":
             self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
+            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
+            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
         self._executor_ctx = ExecutorContext(
             policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=self.base_path,
             env_spec=self.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=self.algo,
@@ -135,11 +137,7 @@ class GRPORecipe:
             deterministic=self.trainer.deterministic, progress=self.progress, rollout_engine=r.engine)
         self.executor.start(self._executor_ctx)
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
-        ws.check_answer_fits(job, self.executor.tokenizer or cfg.policy.get("path"))
-        if self.fixed_image_seed is not None:
-            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
-            self.executor.ctx.env_spec = self.env_spec
-            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
+        ws.check_answer_fits(job, self.executor.tokenizer)  # the policy's tokenizer, or its folder
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens, n=1, seed=cfg.seed, stop=self.stop)
         self.greedy = SamplingParams(temperature=r.eval_temperature, top_p=1.0, top_k=0, max_new_tokens=r.max_new_tokens,
