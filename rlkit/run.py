@@ -130,10 +130,12 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
     return out + _unknown_group_keys(overrides, groups, groups - typed - {"hydra"}, conf_dir)
 
 
-def _in_some_option(conf_dir: Path, group: str, key: str) -> bool:
-    """Whether the dotted ``key`` is set in any option file of ``conf/<group>/`` (a fast pre-check: a key that
-    some option holds is left to Hydra; one that none holds is checked by composing)."""
-    for f in sorted((conf_dir / group).glob("*.yaml")):
+def _options_with(conf_dir: Path, group: str, key: str) -> tuple[list[str], int]:
+    """The option files of ``conf/<group>/`` that set the dotted ``key`` (their names), and how many options the group
+    has. A key every option holds is left to Hydra; any other is checked by composing with the run's choices."""
+    files = sorted((conf_dir / group).glob("*.yaml"))
+    out = []
+    for f in files:
         try:
             node: Any = OmegaConf.to_container(OmegaConf.load(f))
         except Exception:  # noqa: BLE001 - an unreadable option: leave the key to the full check
@@ -143,24 +145,26 @@ def _in_some_option(conf_dir: Path, group: str, key: str) -> bool:
                 break
             node = node[part]
         else:
-            return True
-    return False
+            out.append(f.stem)
+    return out, len(files)
 
 
 def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str], conf_dir: str | Path) -> list[str]:
     """``unknown_override_keys`` for keys inside the untyped groups (``env.wall_mov``, ``policy.tiny.text_layer``):
     composed with the run's group choices (and no key overrides), a key the chosen options do not have is named
-    with the closest sibling. [] when nothing is set inside such a group, or when the choices do not compose
-    (Hydra's own message then says why)."""
+    with the closest sibling, or with the options that have it (``sampling.max_rounds`` under sampling=plain). []
+    when nothing is set inside such a group, or when the choices do not compose (Hydra's own message then says why)."""
     import difflib
 
     from hydra.core.override_parser.types import OverrideType
 
-    inside = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None
-              and "." in o.key_or_group and o.key_or_group.split(".")[0] in untyped
-              and not _in_some_option(Path(conf_dir), *o.key_or_group.split(".", 1))]
+    holders = {o.key_or_group: _options_with(Path(conf_dir), *o.key_or_group.split(".", 1)) for o in overrides
+               if o.type == OverrideType.CHANGE and o.package is None and "." in o.key_or_group
+               and o.key_or_group.split(".")[0] in untyped}
+    inside = [o for o in overrides if o.key_or_group in holders and o.type == OverrideType.CHANGE
+              and o.package is None and len(holders[o.key_or_group][0]) < holders[o.key_or_group][1]]
     if not inside:
-        return []  # every key is in one of its group's option files: no need to compose (~0.5 s a start)
+        return []  # every key is in all of its group's option files: no need to compose (~0.5 s a start)
     # the group choices (`env=visgym`, `experiment=smoke`): what decides which keys the groups hold
     picks = [o for o in overrides if o.key_or_group.split("/")[0] in groups - {"hydra"} and "." not in o.key_or_group]
     if any(o.is_sweep_override() for o in picks):
@@ -185,6 +189,12 @@ def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str
         if not OmegaConf.is_dict(node) or leaf in node:
             continue  # a key inside a list or a value Hydra checks itself; or a key that exists
         close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
+        group, (others, _) = o.key_or_group.split(".")[0], holders[o.key_or_group]
+        if others and parent == group:  # a key of another option: sampling.max_rounds with sampling=plain
+            named = ", ".join(f"{group}={n}" for n in others)
+            out.append(f"{o.key_or_group} (not a key of the chosen {group} option: {named} "
+                       f"{'has' if len(others) == 1 else 'have'} it)")
+            continue
         out.append(o.key_or_group + (f" (did you mean {parent}.{close[0]}?)" if close else
                                      f" ({parent} has {', '.join(sorted(str(k) for k in node.keys()))})"))
     return out

@@ -228,6 +228,9 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
     # keys inside the untyped groups, checked against the options chosen (here env=visgym, experiment=long_demo)
     assert unknown_override_keys([*argv, "env.wall_mov=stay", "policy.tiny.text_layer=2", "-m", "lr=1e-3,2e-3"], conf)[5:] \
         == ["env.wall_mov (did you mean env.wall_move?)", "policy.tiny.text_layer (did you mean policy.tiny.text_layers?)"]
+    # a key of another option of the group than the one chosen: named with the options that have it
+    assert unknown_override_keys(["experiment=smoke", "sampling.max_rounds=2"], conf) == [
+        "sampling.max_rounds (not a key of the chosen sampling option: sampling=dapo has it)"]
     # a sweep over the options themselves: each job holds other keys, so Hydra checks them per job
     assert unknown_override_keys(["-m", "env=visgym,visgym_small", "env.wall_mov=stay"], conf) == []
     proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "aux_loss.demo_cof=0.3"],
