@@ -40,7 +40,10 @@ def _assigned(cls: type) -> set[str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     out = {n for n in vars(cls) if not n.startswith("__")}
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        else:
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else []
         for t in targets:
             for e in ast.walk(t):
                 if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
@@ -55,8 +58,8 @@ def _used_on(path: Path, names: tuple[str, ...]) -> set[str]:
         if not isinstance(node, ast.Attribute):
             continue
         v = node.value
-        if (isinstance(v, ast.Attribute) and v.attr in names and isinstance(v.value, ast.Name) and v.value.id == "self") \
-                or (isinstance(v, ast.Name) and v.id in names):
+        on_self = isinstance(v, ast.Attribute) and v.attr in names and isinstance(v.value, ast.Name) and v.value.id == "self"
+        if on_self or (isinstance(v, ast.Name) and v.id in names):
             out.add(node.attr)
     return out
 
@@ -127,7 +130,8 @@ def test_a_2_step_smoke_run_gives_the_same_metrics_on_both_executors(tmp_path):
     for backend in ("native", "native_ray"):
         out = tmp_path / backend
         _run([f"backend={backend}", "experiment=smoke", "logger=console", f"hydra.run.dir={out}"], tmp_path)
-        rows[backend] = [{k: v for k, v in json.loads(line).items() if not k.startswith("timing/") and k != "trainer/wall_time_s"}
+        rows[backend] = [{k: v for k, v in json.loads(line).items()
+                          if not k.startswith("timing/") and k != "trainer/wall_time_s"}
                          for line in (out / "metrics.jsonl").read_text().splitlines()]
     local, ray = rows["native"], rows["native_ray"]
     assert [r["step"] for r in local] == [r["step"] for r in ray] == [0, 1, 2, 2]
@@ -135,5 +139,6 @@ def test_a_2_step_smoke_run_gives_the_same_metrics_on_both_executors(tmp_path):
         common = a.keys() & b.keys()
         assert {k: a[k] for k in common} == {k: b[k] for k in common}, a["step"]
         assert set(a) - set(b) == set()
-        assert all(k.startswith("sync/") or k == "policy/shared_prefix_fraction" for k in set(b) - set(a)), set(b) - set(a)
+        extra = set(b) - set(a)
+        assert all(k.startswith("sync/") or k == "policy/shared_prefix_fraction" for k in extra), extra
     assert {"reward/mean", "policy/loss", "policy/grad_norm", "demo/nll"} <= local[1].keys() & ray[1].keys()
