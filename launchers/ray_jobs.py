@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
-from rlkit.run import ERROR_FILE
+from rlkit.run_folder import ERROR_FILE
 
 log = logging.getLogger(__name__)
 
@@ -629,7 +629,7 @@ class RayJobsRunner:
 
 
 def _record_failure(spec: JobSpec, error: str, ran: bool) -> None:
-    """Write ``error.txt`` (rlkit.run.ERROR_FILE) into the job's local folder, which the sweep summary
+    """Write ``error.txt`` (rlkit.run_folder.ERROR_FILE) into the job's local folder, which the sweep summary
     (rlkit.sweep) reads: without it, an earlier run's ``result.json`` there would list this failed job as
     completed, with that run's numbers. A job that ran in this very folder (a local cluster, a shared
     filesystem) and failed inside rlkit has written its own, with the traceback: that one is kept (an earlier
@@ -719,7 +719,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     from hydra.core.utils import JobReturn, JobStatus, setup_globals
     from omegaconf import OmegaConf, open_dict, read_write
 
-    from rlkit.sweep import SWEPT_KEYS_ENV, sweep_group_name, swept_keys_of
+    from rlkit.run_folder import SWEPT_KEYS_ENV, sweep_group_name, swept_keys_of
 
     setup_globals()
     s: Settings = launcher.settings
@@ -747,7 +747,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     if "WANDB_RUN_GROUP" not in env_vars:  # the local launcher's W&B group for the sweep (rlkit.backends)
         env_vars["WANDB_RUN_GROUP"] = sweep_group_name(local_sweep)
     # each job is a single run on the cluster: tell it which keys this sweep sweeps, so that a sweep rerun into
-    # the same folders with other values is refused there as in a local multirun (rlkit.sweep.SWEPT_KEYS_ENV)
+    # the same folders with other values is refused there as in a local multirun (rlkit.run_folder.SWEPT_KEYS_ENV)
     env_vars[SWEPT_KEYS_ENV] = ",".join(sorted(swept_keys_of(
         list(OmegaConf.select(config, "hydra.overrides.task", default=None) or []))))
     renv = runtime_env_for(s, code_dir, env_vars)

@@ -4,7 +4,8 @@ Registered in Hydra's ConfigStore as the base of conf/train.yaml (``rlkit_train_
 typo in any of these groups (``algorithm.eps_clip_hihg=0.3``) or an unknown top-level key fails at
 compose time with Hydra's error. Plug-in groups (env, reward, policy, logger, backend) are
 instantiated from their ``_target_``; their keys are constructor arguments, so an unknown key fails
-with a TypeError naming it when the run starts (``rlkit.plugins.instantiate_plugin``).
+with a TypeError naming it when the run starts (``rlkit.plugins.instantiate_plugin``). The sampling
+strategy is named by ``_target_`` too, and checked before any build (rlkit.sampling.strategies).
 """
 
 from __future__ import annotations
@@ -100,22 +101,6 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 0  # GRPO steps of linear warmup
     lr_schedule: str = "constant"  # constant | cosine (to 0 at ``steps``; rlkit.algorithms.schedules)
-
-
-@dataclass
-class SamplingConfig:
-    """How a GRPO step's batch is sampled (conf/sampling/; rlkit.sampling).
-
-    ``name``: ``plain`` (tasks_per_step tasks x group_size samples) or ``dapo`` (DAPO dynamic sampling, Yu et
-    al. 2025, section 3.2: keep the groups whose rewards differ; while fewer than tasks_per_step are kept, roll
-    out up to ``max_rounds`` more rounds; the update trains on the kept groups only; reward/env metrics stay
-    over everything sampled). ``adaptive_batch``: size each round to fill the step at once, from the share of
-    informative groups the previous step found (DAPO's generation batch larger than its training batch).
-    """
-
-    name: str = "plain"
-    max_rounds: int = 0
-    adaptive_batch: bool = False
 
 
 @dataclass
@@ -309,7 +294,9 @@ class TrainConfig:
     logger: Any = MISSING
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # the sampling strategy, a typed class named by ``_target_`` with only its own fields (conf/sampling/,
+    # rlkit.sampling.strategies: checked by sampling_problems, built by sampling_strategy)
+    sampling: Any = field(default_factory=lambda: {"_target_": "rlkit.sampling.PlainSampling"})
     aux_loss: AuxLossConfig = field(default_factory=AuxLossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -402,8 +389,6 @@ RANGES: dict[str, Range] = {
     "train_tasks": Range(1, integer=True, none=True,
                          note="null = a fresh training task for every draw; N = a fixed pool of N training tasks"),
     "algorithm.adv_eps": Range(0, lo_open=True, note="added to the group's reward std"),
-    "sampling.name": Range(choices=("plain", "dapo"), note="conf/sampling/"),
-    "sampling.max_rounds": Range(0, integer=True, note="dapo's extra rollout rounds a step"),
     "algorithm.eps_clip_low": Range(0, 1, hi_open=True, note="the ratio is clipped below at 1 - eps_clip_low"),
     "algorithm.eps_clip_high": Range(0, note="the ratio is clipped above at 1 + eps_clip_high"),
     "algorithm.clip_ratio_c": Range(1, lo_open=True, none=True, note="dual clip; null = off"),

@@ -243,7 +243,7 @@ class WandbLogger:
     """One Weights & Biases run per job; see the module docstring for modes and resume.
 
     Args (conf/logger/wandb.yaml): project, entity, group (None: the sweep's group in a multirun,
-    ``rlkit.sweep.sweep_group_name``), tags (the job's Hydra overrides are added, each one up to
+    ``rlkit.run_folder.sweep_group_name``), tags (the job's Hydra overrides are added, each one up to
     W&B's 64 characters), name (None: ``default_run_name``, e.g. ``smoke-20260101-120000``), mode
     (auto|online|offline|disabled), job_type (W&B's job type, "train").
 

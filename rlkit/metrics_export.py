@@ -14,7 +14,7 @@ A gauge keeps the last value set (Prometheus' gauge semantics), so a scrape show
 
 Tags (Prometheus labels) on every gauge: ``run`` (the job's output folder, its last two path
 parts: ``<date>/<time>`` for a single run, ``<sweep time>/<job number>`` in a sweep), ``group``
-(the sweep group, ``sweep-<date>_<time>`` from ``rlkit.sweep.sweep_group_name``, or ``none``) and
+(the sweep group, ``sweep-<date>_<time>`` from ``rlkit.run_folder.sweep_group_name``, or ``none``) and
 ``overrides`` (the job's Hydra overrides).
 There is no ``job`` label on purpose: Prometheus reserves ``job`` for the scrape job and would
 rename ours to ``exported_job``.

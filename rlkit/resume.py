@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit.config import KEYS_ADDED_LATER, compat_table
-from rlkit.sweep import SWEPT_KEYS_ENV, swept_keys
+from rlkit.run_folder import SWEPT_KEYS_ENV, swept_keys
 
 #: Config keys (dotted; a key covers everything under it) that may change when a run resumes. The new
 #: values apply from the resumed step on: ``steps`` (train to the new total; a cosine schedule stretches to
@@ -45,6 +45,10 @@ RESUMABLE_KEYS = ("steps", "lr", "trainer", "logger", "backend", "paths", "eval.
 
 #: The git tag that holds the removed levers' code (conf/compat.yaml ``removed``).
 REMOVED_LEVERS_TAG = "levers-before-removal"
+
+#: conf/sampling/'s options before the strategies were classes (``sampling.name``) -> their ``_target_`` today
+#: (rlkit.sampling.strategies.TARGETS; written out here so that resume stays below the sampling package).
+SAMPLING_TARGETS = {"plain": "rlkit.sampling.PlainSampling", "dapo": "rlkit.sampling.DapoSampling"}
 
 
 @dataclass
@@ -140,8 +144,15 @@ def upgrade_flat_config(old: dict[str, Any], new_keys: set[str]) -> dict[str, An
     for old_key, new_key in compat_table("renamed").items():
         if old_key in a and new_key not in a:
             a[new_key] = a.pop(old_key)
-    if "sampling.max_rounds" in a and "sampling.name" not in a:  # before conf/sampling/, rounds > 0 meant dapo
-        a["sampling.name"] = "dapo" if a["sampling.max_rounds"] else "plain"
+    if "sampling.max_rounds" in a and "sampling.name" not in a and "sampling._target_" not in a:
+        a["sampling.name"] = "dapo" if a["sampling.max_rounds"] else "plain"  # before conf/sampling/: rounds > 0 = dapo
+    if "sampling.name" in a and "sampling._target_" not in a:  # before the strategies were classes (issue 76)
+        name = a.pop("sampling.name")
+        a["sampling._target_"] = SAMPLING_TARGETS.get(name, name)
+        if name == "plain":  # plain's unused keys, at the values that said so, are not keys of PlainSampling
+            for key, neutral in (("sampling.max_rounds", 0), ("sampling.adaptive_batch", False)):
+                if a.get(key) == neutral:
+                    del a[key]
     for old_key, new_key in compat_table("renamed_one_phase").items():
         phases = a.get(old_key)
         if new_key not in a and isinstance(phases, list) and len(phases) == 1 and isinstance(phases[0], list):
@@ -199,7 +210,7 @@ def check_sweep_resume(path: Path, changes: dict[str, tuple[Any, Any]], out: Pat
     Hydra matches a sweep's jobs to folders by job number, so a sweep run again into the same
     ``hydra.sweep.dir`` with another value list would hand job 0's folder, trained at ``lr=1e-5``, the value
     ``lr=1e-4``. The swept keys come from the sweep's ``multirun.yaml`` in a local multirun, and from
-    ``$RLKIT_SWEPT_KEYS`` (rlkit.sweep.SWEPT_KEYS_ENV) in a job the Ray Jobs launchers run on a cluster.
+    ``$RLKIT_SWEPT_KEYS`` (rlkit.run_folder.SWEPT_KEYS_ENV) in a job the Ray Jobs launchers run on a cluster.
     Raises CheckpointError naming the key, both values and the fix."""
     if ckpt_root.resolve() not in Path(path).resolve().parents:
         return  # trainer.resume_path: a sweep may well start every job from one checkpoint elsewhere

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +130,12 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
     return out + _unknown_group_keys(overrides, groups, groups - typed - {"hydra"}, conf_dir)
 
 
-def _in_some_option(conf_dir: Path, group: str, key: str) -> bool:
-    """Whether the dotted ``key`` is set in any option file of ``conf/<group>/`` (a fast pre-check: a key that
-    some option holds is left to Hydra; one that none holds is checked by composing)."""
-    for f in sorted((conf_dir / group).glob("*.yaml")):
+def _options_with(conf_dir: Path, group: str, key: str) -> tuple[list[str], int]:
+    """The option files of ``conf/<group>/`` that set the dotted ``key`` (their names), and how many options the group
+    has. A key every option holds is left to Hydra; any other is checked by composing with the run's choices."""
+    files = sorted((conf_dir / group).glob("*.yaml"))
+    out = []
+    for f in files:
         try:
             node: Any = OmegaConf.to_container(OmegaConf.load(f))
         except Exception:  # noqa: BLE001 - an unreadable option: leave the key to the full check
@@ -144,24 +145,26 @@ def _in_some_option(conf_dir: Path, group: str, key: str) -> bool:
                 break
             node = node[part]
         else:
-            return True
-    return False
+            out.append(f.stem)
+    return out, len(files)
 
 
 def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str], conf_dir: str | Path) -> list[str]:
     """``unknown_override_keys`` for keys inside the untyped groups (``env.wall_mov``, ``policy.tiny.text_layer``):
     composed with the run's group choices (and no key overrides), a key the chosen options do not have is named
-    with the closest sibling. [] when nothing is set inside such a group, or when the choices do not compose
-    (Hydra's own message then says why)."""
+    with the closest sibling, or with the options that have it (``sampling.max_rounds`` under sampling=plain). []
+    when nothing is set inside such a group, or when the choices do not compose (Hydra's own message then says why)."""
     import difflib
 
     from hydra.core.override_parser.types import OverrideType
 
-    inside = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None
-              and "." in o.key_or_group and o.key_or_group.split(".")[0] in untyped
-              and not _in_some_option(Path(conf_dir), *o.key_or_group.split(".", 1))]
+    holders = {o.key_or_group: _options_with(Path(conf_dir), *o.key_or_group.split(".", 1)) for o in overrides
+               if o.type == OverrideType.CHANGE and o.package is None and "." in o.key_or_group
+               and o.key_or_group.split(".")[0] in untyped}
+    inside = [o for o in overrides if o.key_or_group in holders and o.type == OverrideType.CHANGE
+              and o.package is None and len(holders[o.key_or_group][0]) < holders[o.key_or_group][1]]
     if not inside:
-        return []  # every key is in one of its group's option files: no need to compose (~0.5 s a start)
+        return []  # every key is in all of its group's option files: no need to compose (~0.5 s a start)
     # the group choices (`env=visgym`, `experiment=smoke`): what decides which keys the groups hold
     picks = [o for o in overrides if o.key_or_group.split("/")[0] in groups - {"hydra"} and "." not in o.key_or_group]
     if any(o.is_sweep_override() for o in picks):
@@ -186,123 +189,43 @@ def _unknown_group_keys(overrides: list[Any], groups: set[str], untyped: set[str
         if not OmegaConf.is_dict(node) or leaf in node:
             continue  # a key inside a list or a value Hydra checks itself; or a key that exists
         close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
+        group, (others, _) = o.key_or_group.split(".")[0], holders[o.key_or_group]
+        if others and parent == group:  # a key of another option: sampling.max_rounds with sampling=plain
+            named = ", ".join(f"{group}={n}" for n in others)
+            out.append(f"{o.key_or_group} (not a key of the chosen {group} option: {named} "
+                       f"{'has' if len(others) == 1 else 'have'} it)")
+            continue
         out.append(o.key_or_group + (f" (did you mean {parent}.{close[0]}?)" if close else
                                      f" ({parent} has {', '.join(sorted(str(k) for k in node.keys()))})"))
     return out
-
-
-def _record_resolved_dtype(out: Path | None, dtype: str) -> None:
-    """Write the resolved ``policy.dtype`` into the run's ``.hydra/config.yaml`` (Hydra wrote it with "auto"
-    before the job started), atomically; nothing without that file or when it holds another value."""
-    record = _hydra_record_dir(out) if out is not None else None
-    path = record / "config.yaml" if record is not None else None
-    if path is None or not path.is_file():
-        return
-    try:
-        saved = OmegaConf.load(path)
-        if OmegaConf.select(saved, "policy.dtype", default=None) != "auto":
-            return
-        saved.policy.dtype = dtype
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(OmegaConf.to_yaml(saved, resolve=False))
-        os.replace(tmp, path)
-    except Exception as e:  # noqa: BLE001 - the record is informative; the run itself uses cfg
-        log.warning("could not record policy.dtype=%s in %s: %s", dtype, path, e)
-
-
-#: Written into a job's output folder when the job raises: the error and its traceback. The sweep
-#: summary (rlkit.sweep) shows its first line as the job's status.
-ERROR_FILE = "error.txt"
-
-
-#: Where a run folder keeps a copy of the Hydra record (``.hydra/*.yaml``) of the last run it accepted.
-ACCEPTED_SUBDIR = "accepted"
-_accepted: set[str] = set()  # run folders (realpath) whose current attempt has been accepted, in this process
-
-
-def _hydra_record_dir(out: Path) -> Path | None:
-    """The run's Hydra record folder (``hydra.output_subdir``, ``.hydra`` by default), or None without one."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        sub = HydraConfig.get().output_subdir
-    except Exception:  # noqa: BLE001 - outside a Hydra run (tests, launchers calling run() directly)
-        sub = ".hydra"
-    return None if sub is None else out / sub
-
-
-def accept_run_config(out: Path | None) -> None:
-    """Record that this attempt of the run in ``out`` was accepted (its config checked, a resume allowed):
-    copy its Hydra record (``.hydra/{config,hydra,overrides}.yaml``) to ``.hydra/accepted/``, atomically.
-
-    Hydra writes ``.hydra/`` before the job starts, so a later attempt in the same folder that is refused
-    (a resume that would change the experiment, a bad value) has overwritten it with settings that never
-    ran; ``run`` then puts this copy back, and the folder's record again says what its checkpoints hold
-    (scripts/eval.py and report.py read it). Idempotent within an attempt."""
-    if out is None:
-        return
-    record = _hydra_record_dir(out)
-    key = os.path.realpath(out)
-    if key in _accepted or record is None or not record.is_dir():
-        _accepted.add(key)
-        return
-    import shutil
-
-    tmp = record / f".{ACCEPTED_SUBDIR}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for f in record.glob("*.yaml"):
-        shutil.copy2(f, tmp / f.name)
-    previous = record / f".{ACCEPTED_SUBDIR}.old-{os.getpid()}"
-    if (record / ACCEPTED_SUBDIR).is_dir():
-        os.replace(record / ACCEPTED_SUBDIR, previous)  # a crash from here on still leaves one of the two
-    os.replace(tmp, record / ACCEPTED_SUBDIR)
-    shutil.rmtree(previous, ignore_errors=True)
-    _accepted.add(key)
-
-
-def _restore_accepted_config(out: Path) -> bool:
-    """Put the last accepted attempt's Hydra record back over this refused attempt's; True if there was one."""
-    record = _hydra_record_dir(out)
-    saved = record / ACCEPTED_SUBDIR if record is not None else None
-    if saved is None or not saved.is_dir():
-        return False
-    import shutil
-
-    for f in saved.glob("*.yaml"):
-        tmp = record / f".{f.name}.tmp"
-        shutil.copy2(f, tmp)
-        os.replace(tmp, record / f.name)
-    return True
 
 
 def run(cfg: DictConfig) -> dict:
     """Run one job with the configured backend; returns the job's result dict (also result.json).
 
     Holds the run folder's lock (rlkit.run_lock) for the whole job. An attempt refused before the backend
-    accepts it (``accept_run_config``; a ConfigError or CheckpointError: a bad value, a resume that would
-    change the experiment) leaves the folder's Hydra record as the last accepted attempt wrote it.
+    accepts it (rlkit.run_folder.accept_run_config; a ConfigError or CheckpointError: a bad value, a resume that
+    would change the experiment) leaves the folder's Hydra record as the last accepted attempt wrote it.
 
     Raises: RunFolderBusyError (a ConfigError) when another live run holds the folder; whatever the
     job raised, after writing it to ``<paths.output_dir>/error.txt``.
     """
     import contextlib
 
-    from rlkit import run_lock
+    from rlkit import run_folder, run_lock
 
     out = _output_dir(cfg)
     # one run per folder (taken earlier by the Hydra callback in a train.py run; re-entrant). A refusal
     # is raised before the try below, so the other run's error.txt is left alone.
     with run_lock.locked(out) if out is not None else contextlib.nullcontext():
         if out is not None:  # a resumed run that now succeeds must not keep the last attempt's error
-            (out / ERROR_FILE).unlink(missing_ok=True)
-            _accepted.discard(os.path.realpath(out))  # this attempt is not accepted yet
+            run_folder.begin_attempt(out)
         try:
             check_top_level_keys(cfg)
             resolved = resolve_policy_dtype(cfg)
             if resolved is not None:
                 _say(f"policy.dtype=auto -> {resolved[0]} ({resolved[1]})")
-                _record_resolved_dtype(out, resolved[0])
+                run_folder.record_resolved_dtype(out, resolved[0])
             backend = instantiate_plugin(cfg.backend, "backend")
             result = backend.run(cfg)
         except Exception as e:
@@ -310,12 +233,13 @@ def run(cfg: DictConfig) -> dict:
 
             e = _explain_disk_full(e)
             if (out is not None and isinstance(e, (ConfigError, CheckpointError))
-                    and os.path.realpath(out) not in _accepted and _restore_accepted_config(out)):
+                    and not run_folder.is_accepted(out) and run_folder.restore_accepted_config(out)):
                 log.info("this attempt was refused; %s keeps the Hydra record of the run it holds", out)
-            _write_error(cfg, e)
+            if out is not None:
+                run_folder.write_error(out, e)
             raise e
         try:
-            accept_run_config(out)  # a backend that does not accept early: its run is done
+            run_folder.accept_run_config(out)  # a backend that does not accept early: its run is done
         except OSError as e:  # the run itself succeeded; only the copy of its record did not
             log.warning("could not keep a copy of the run's Hydra record in %s: %s", out, e)
         return result
@@ -351,21 +275,3 @@ def _output_dir(cfg: DictConfig) -> Path | None:
     except Exception:  # noqa: BLE001 - e.g. ${hydra:...} outside a Hydra run
         return None
     return Path(str(out)) if out else None
-
-
-def _write_error(cfg: DictConfig, err: BaseException) -> None:
-    import traceback
-
-    try:
-        out = _output_dir(cfg)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            # written whole or not at all (a full disk must not leave an empty error.txt)
-            tmp = out / f".{ERROR_FILE}.tmp"
-            try:
-                tmp.write_text(f"{type(err).__name__}: {err}\n\n" + "".join(traceback.format_exception(err)))
-                os.replace(tmp, out / ERROR_FILE)
-            finally:
-                tmp.unlink(missing_ok=True)
-    except Exception:  # noqa: BLE001 - never hide the job's own error behind this one
-        pass

@@ -5,73 +5,23 @@ runs once at the end of a multirun (``on_multirun_end``), reads every ``<sweep_d
 and writes ``sweep_summary.csv`` and ``sweep_summary.json`` next to them. Because it reads files
 from the sweep folder, it works the same for every launcher whose jobs write there (local, Ray,
 HyperPod with the sweep folder on /shared). Jobs without a result file are listed as failed, with
-the first line of the ``error.txt`` the job wrote (rlkit.run) when there is one.
+the first line of the ``error.txt`` the job wrote (rlkit.run_folder.ERROR_FILE) when there is one.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from rlkit.run import ERROR_FILE
+from rlkit.run_folder import ERROR_FILE
 
 COLUMNS = ["job", "swept", "overrides", "status", "attempts", "success_before", "success_after", "steps", "wall_time_s",
            "output_dir"]
-
-
-#: Set by the Ray Jobs launchers (launchers/ray_jobs.py) in every job's environment: the sweep's swept keys,
-#: comma-separated. A cluster job runs train.py as a single run, without the sweep's multirun.yaml beside it,
-#: so this is how it knows which keys its sweep sweeps (rlkit.resume.check_sweep_resume).
-SWEPT_KEYS_ENV = "RLKIT_SWEPT_KEYS"
-
-
-_DATE_DIR = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-def sweep_group_name(sweep_dir: str | Path) -> str:
-    """The W&B group (and Prometheus ``group`` label) of a sweep's jobs, from its sweep folder.
-
-    Hydra's default sweep folder is ``multirun/<YYYY-mm-dd>/<HH-MM-SS>`` (conf/train.yaml
-    ``hydra.sweep.dir``): its group is ``sweep-<YYYY-mm-dd>_<HH-MM-SS>``, dated, so sweeps started
-    at the same clock time on different days are different groups. Any other folder (one named with
-    ``hydra.sweep.dir=...``) gives ``sweep-<its last part>``, the name its user chose. Only the path
-    is read (nothing on disk), so every job of a sweep, and the Ray launcher submitting them
-    (launchers/ray_jobs.py), get the same group whenever and wherever they run.
-
-    Raises: ValueError for a folder without a name (``""``, ``/``).
-    """
-    path = Path(sweep_dir)
-    if not path.name:
-        raise ValueError(f"sweep folder {str(sweep_dir)!r} has no name to make a group of")
-    if _DATE_DIR.fullmatch(path.parent.name):
-        return f"sweep-{path.parent.name}_{path.name}"
-    return f"sweep-{path.name}"
-
-
-def swept_keys_of(task_overrides: Sequence[str]) -> set[str]:
-    """The keys (or groups) that command-line overrides sweep: those with several values (``lr=1e-5,3e-5``,
-    ``range(...)``, ``choice(...)``), in Hydra's override grammar. Raises Hydra's OverrideParseException for a
-    malformed override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
-    return {o.key_or_group for o in overrides if o.is_sweep_override()}
-
-
-def swept_keys(sweep_dir: Path) -> set[str]:
-    """The config keys (or groups) the sweep that Hydra launched into ``sweep_dir`` sweeps (``swept_keys_of``
-    its command-line overrides), read from the ``multirun.yaml`` Hydra writes there at the sweep's start.
-    Empty when there is none or it cannot be read."""
-    try:
-        return swept_keys_of(list(OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra.overrides.task))
-    except Exception:  # noqa: BLE001 - no sweep record: nothing to compare against
-        return set()
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -301,18 +301,6 @@ def verify_version(root: str | os.PathLike, version: int) -> dict[str, Any]:
     return manifest
 
 
-def wait_for_version(root: str | os.PathLike, version: int, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
-    """Wait up to ``timeout_s`` seconds for ``v<version>`` to appear, then verify it; return its manifest.
-
-    Raises:
-        SyncError: it did not appear in time (the message names the newest version present, e.g.
-            an older one: the trainer has not published this step), or it is torn / mislabelled
-            (``verify_version``; not waited on: a published version never changes).
-    """
-    _wait_exists(Path(root), version, timeout_s, poll_s)
-    return verify_version(root, version)
-
-
 def _wait_exists(root: Path, version: int, timeout_s: float, poll_s: float) -> None:
     """Poll until ``v<version>`` exists; SyncError naming what is there instead after ``timeout_s``."""
     deadline = time.monotonic() + max(float(timeout_s), 0.0)

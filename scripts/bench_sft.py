@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlkit.demonstrations import demonstration_trajectories  # noqa: E402
 from rlkit.policy import load_policy  # noqa: E402
-from rlkit.stages.sft import demonstration_trajectories  # noqa: E402
 
 VARIANTS = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
 

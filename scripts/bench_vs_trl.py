@@ -127,14 +127,14 @@ def rlkit_worker(args) -> dict:
 
     import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml builds on)
     from rlkit.algorithms.schedules import make_scheduler
-    from rlkit.config import AuxLossConfig, SamplingConfig
+    from rlkit.config import AuxLossConfig
     from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
     from rlkit.policy import SamplingParams
     from rlkit.recipes.common import seed_everything as _seed_everything
     from rlkit.recipes.executor import ExecutorContext
     from rlkit.recipes.grpo import GRPORecipe
     from rlkit.recipes.local import LocalExecutor
-    from rlkit.sampling import StepSampler
+    from rlkit.sampling import StepSampler, sampling_strategy
     from rlkit.tasks import TaskSampler
 
     torch.set_num_threads(1)
@@ -178,7 +178,7 @@ def rlkit_worker(args) -> dict:
     run.tasks = TaskSampler(cfg.seed, run.env_spec.is_eval_seed)
     run.aux = to_dataclass(cfg.aux_loss, AuxLossConfig)
     run.sampler = StepSampler(rollout=executor.rollout, reward_fn=run.reward_fn, tasks=run.tasks,
-                              demonstrations=executor.demonstrations, sampling=to_dataclass(cfg.sampling, SamplingConfig),
+                              demonstrations=executor.demonstrations, sampling=sampling_strategy(cfg.sampling),
                               aux=run.aux, algo=run.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step,
                               seed=cfg.seed, steps=cfg.steps, base_sampling=run.sampling, control=None,
                               progress=run.progress)

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.config import stop_strings
     from rlkit.evaluation import evaluate, write_outcomes
     from rlkit.policy import PolicyLoadError, SamplingParams, make_engine
-    from rlkit.run import ConfigError
+    from rlkit.errors import ConfigError
     from rlkit.serve.config import ConfigComposeError, compose, node
     from rlkit.serve.models import AdapterError, parse_adapter_arg
 

@@ -40,7 +40,7 @@ policy reaches 45% in ~1,100.
 ``--mode`` picks the setting (MODES): ``plan`` (the default, as above: one turn, the whole route out) or
 ``interactive`` (issue 65): ``env=visgym_interactive``, one ``('move', d)`` per turn with a new picture and
 feedback each turn, 18 turns (they admit all 64 evaluation mazes), the tuple parser, 16 new tokens a turn; the
-warm start trains on the env's multi-turn demonstrations (rlkit.stages.sft.demonstration_trajectory), a fresh
+warm start trains on the env's multi-turn demonstrations (rlkit.demonstrations.demonstration_trajectory), a fresh
 batch every step as in plan mode; GRPO is the same recipe. Its probe times 2 GRPO steps (limit 240 s) and its
 default budget is 540 s. **The interactive mode has not run on a GPU yet**: only its CPU dry run (tiny sizes,
 2 demonstrations and 2 x 2 episodes a step, one sampling round, float32 on a CPU without native bf16) has run to

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlkit.config import stop_strings
     from rlkit.evaluation import write_outcomes
-    from rlkit.run import ConfigError
+    from rlkit.errors import ConfigError
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env
     from rlkit.serve.play import PlayError, play
 

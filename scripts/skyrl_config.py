@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.backends.skyrl import SkyRLBackend
     from rlkit.backends.skyrl.data import write_datasets
     from rlkit.backends.skyrl.schema import SkyRLNotInstalledError, validate
-    from rlkit.run import ConfigError
+    from rlkit.errors import ConfigError
 
     cfg = compose(args.overrides)
     try:

@@ -1,7 +1,8 @@
 """The house rules of rlkit/ (docs/architecture.md), read from the source without importing it: no import cycle
-between its modules (imports inside functions count: hiding one there does not remove it), the GRPO recipe reads
-on a few screens, no module grows past 800 lines, and the levers removed as dead ends (conf/compat.yaml
-``removed``) do not come back under their names."""
+between its modules (imports inside functions count: hiding one there does not remove it), no import running back
+up between the house's rooms and at most 8 floors of them, the GRPO recipe reads on a few screens, no module grows
+past 800 lines, and the levers removed as dead ends (conf/compat.yaml ``removed``) do not come back under their
+names."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """{module: the rlkit modules it imports anywhere in its file}. ``from a.b import c`` counts as importing
-    ``a.b.c`` when that is a module, else ``a.b``; a name resolves to its longest module prefix."""
+def import_graph(modules: dict[str, Path], roots: tuple[str, ...] = ("rlkit",)) -> dict[str, set[str]]:
+    """{module: the modules of ``modules`` it imports anywhere in its file}, following imported names that start
+    with one of ``roots``. ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``; a
+    name resolves to its longest module prefix."""
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
@@ -44,7 +46,7 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
             else:
                 continue
             for t in targets:
-                r = resolve(t) if t.startswith("rlkit") else None
+                r = resolve(t) if t.startswith(roots) else None
                 if r and r != m:
                     graph[m].add(r)
     return graph
@@ -93,6 +95,69 @@ def test_cycle_finder_finds_a_cycle():
 def test_no_import_cycle_in_rlkit():
     found = cycles(import_graph(_modules()))
     assert found == [], f"import cycles inside rlkit/: {found}"
+
+
+#: The house's top-level folders of Python besides rlkit/ (tests/ is not a room: it may import anything).
+HOUSE = ("envs", "rewards", "launchers", "hydra_plugins", "scripts")
+
+
+def room_of(rel: Path) -> str:
+    """A room of the house: a module directly in rlkit/ (``rlkit/run.py``), a package in rlkit/ (``rlkit/policy/``),
+    a top-level folder (``launchers/``) or a top-level file (``train.py``)."""
+    if rel.parts[0] == "rlkit":
+        return "/".join(rel.parts) if len(rel.parts) == 2 else f"rlkit/{rel.parts[1]}/"
+    return rel.parts[0] if len(rel.parts) == 1 else rel.parts[0] + "/"
+
+
+def room_graph() -> dict[str, set[str]]:
+    """{room: the rooms it imports anywhere in its files}, over rlkit/, the folders in ``HOUSE`` and train.py.
+    Importing the package ``rlkit`` itself (rlkit/__init__.py) is no arrow."""
+    files = [f.relative_to(ROOT) for top in ("rlkit", *HOUSE) for f in (ROOT / top).rglob("*.py")] + [Path("train.py")]
+    modules = {}
+    for rel in files:
+        parts = rel.with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = rel
+    graph = {room_of(rel): set() for rel in files}
+    for mod, targets in import_graph(modules, roots=tuple(t + "." for t in ("rlkit", *HOUSE)) + ("train",)).items():
+        src = room_of(modules[mod])
+        graph[src] |= {room_of(modules[t]) for t in targets if modules[t] != Path("rlkit/__init__.py")} - {src}
+    graph.pop("rlkit/__init__.py", None)
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor in a graph without cycles: 1 for a room that imports no other, else one above the highest
+    room it imports. Raises ValueError on a cycle."""
+    out: dict[str, int] = {}
+
+    def floor(v: str, path: tuple[str, ...]) -> int:
+        if v in path:
+            raise ValueError(f"cycle: {' -> '.join(path[path.index(v):] + (v,))}")
+        if v not in out:
+            out[v] = 1 + max((floor(w, path + (v,)) for w in graph[v]), default=0)
+        return out[v]
+
+    for v in sorted(graph):
+        floor(v, ())
+    return out
+
+
+def test_floors_of_a_small_house():
+    assert floors({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+    assert cycles({"policy/": {"serve/"}, "serve/": {"policy/"}}) == [["policy/", "serve/"]]
+
+
+def test_no_import_runs_back_up_and_the_house_has_at_most_8_floors():
+    """Between rooms (rlkit's modules and packages, envs/, rewards/, launchers/, hydra_plugins/, scripts/, train.py)
+    every import runs down: no two rooms import each other, even through others (an arrow back up is a cycle of
+    rooms), and the longest chain of imports is at most 8 rooms (issue 76: 11 before the run folder's records,
+    the swept keys and the demonstrations moved low, and the vLLM facts left serve/)."""
+    graph = room_graph()
+    assert cycles(graph) == [], f"imports running back up between rooms: {cycles(graph)}"
+    height = floors(graph)
+    top = max(height.values())
+    assert top <= 8, f"{top} floors: " + ", ".join(f"{r} {n}" for r, n in sorted(height.items(), key=lambda x: -x[1]))
+    assert not any("rlkit/run.py" in targets for room, targets in graph.items() if room not in ("train.py", "scripts/"))
 
 
 def test_recipe_is_short_and_no_module_is_huge():

@@ -127,10 +127,11 @@ def test_torch_writer_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
 def test_a_full_disk_elsewhere_in_the_run_names_the_file(tmp_path):
     from omegaconf import OmegaConf
 
-    from rlkit.run import DiskFullError, _explain_disk_full, _write_error
+    from rlkit.run import DiskFullError, _explain_disk_full
+    from rlkit.run_folder import write_error
 
     err = _explain_disk_full(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl")))
     assert isinstance(err, DiskFullError)
     assert f"no space left on {tmp_path} while writing {tmp_path / 'metrics.jsonl'}" in str(err)
-    _write_error(OmegaConf.create({"paths": {"output_dir": str(tmp_path)}}), err)
+    write_error(tmp_path, err)
     assert "no space left on" in (tmp_path / "error.txt").read_text()

@@ -64,8 +64,7 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
         check_top_level_keys(cfg)
     for typo, right in (("+algorithm.eps_clip_hihg=0.3", "algorithm.eps_clip_high"),
                         ("+rollout.tempreature=0.5", "rollout.temperature"),
-                        ("+trainer.resme_mode=none", "trainer.resume_mode"),
-                        ("+sampling.max_round=2", "sampling.max_rounds")):
+                        ("+trainer.resme_mode=none", "trainer.resume_mode")):
         with pytest.raises(ConfigError, match=typo[1:].split("=")[0].replace(".", r"\.")) as err:
             check_top_level_keys(_compose([typo]))
         assert f"did you mean {right}?" in str(err.value)
@@ -74,6 +73,11 @@ def test_forced_unknown_top_level_key_is_refused_at_run_start():
     assert "did you mean" not in str(err.value)
     check_top_level_keys(_compose([]))
     check_top_level_keys(_compose(["experiment=hyperpod_visgym"]))
+    # the sampling strategy holds only its own keys (rlkit.sampling.strategies): a typo names the closest one
+    from rlkit.sampling.strategies import sampling_problems
+
+    assert sampling_problems(_compose(["+sampling.max_round=2"]).sampling) == [
+        "sampling.max_round=2: sampling=dapo has no such key (did you mean sampling.max_rounds?)"]
 
 
 def test_image_grid_follows_the_policy_and_env_choices():
@@ -107,8 +111,8 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     assert (default.tasks_per_step, default.aux_loss.demo_coef, default.sampling.adaptive_batch) == (16, 0.3, True)
     nine = _compose(["env=visgym"])
     assert (nine.steps, nine.optim.lr_schedule) == (150, "constant")
-    assert (nine.sampling.max_rounds, nine.algorithm.filter_zero_variance_groups) == (0, False)
-    assert (nine.tasks_per_step, nine.aux_loss.demo_coef, nine.sampling.adaptive_batch) == (8, 0.0, False)
+    assert (nine.sampling._target_, nine.algorithm.filter_zero_variance_groups) == ("rlkit.sampling.PlainSampling", False)
+    assert (nine.tasks_per_step, nine.aux_loss.demo_coef, set(nine.sampling)) == (8, 0.0, {"_target_"})
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
     assert (default.lr, nine.lr) == (2e-3, 1e-3)
     assert (default.algorithm.entropy_coef, nine.algorithm.entropy_coef) == (0.01, 0.0)
@@ -197,7 +201,7 @@ def test_default_backend_is_two_replicated_ranks_on_ray_and_the_command_line_win
 
 def test_long_demo_pipelined_is_long_demo_with_the_rollout_beside_the_update():
     cfg, plain = _compose(["experiment=long_demo_pipelined"]), _compose(["experiment=long_demo"])
-    for key in ("steps", "lr", "aux_loss.demo_coef", "sampling.name", "sampling.max_rounds", "trainer.eval_interval",
+    for key in ("steps", "lr", "aux_loss.demo_coef", "sampling._target_", "sampling.max_rounds", "trainer.eval_interval",
                 "grounding.enabled", "policy.lora.include_vision", "optim.lr_schedule"):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(plain, key), key
     assert cfg.backend._target_.endswith("RayNativeBackend") and cfg.sampling.adaptive_batch
@@ -224,6 +228,9 @@ def test_a_mistyped_key_is_named_with_the_closest_real_one():
     # keys inside the untyped groups, checked against the options chosen (here env=visgym, experiment=long_demo)
     assert unknown_override_keys([*argv, "env.wall_mov=stay", "policy.tiny.text_layer=2", "-m", "lr=1e-3,2e-3"], conf)[5:] \
         == ["env.wall_mov (did you mean env.wall_move?)", "policy.tiny.text_layer (did you mean policy.tiny.text_layers?)"]
+    # a key of another option of the group than the one chosen: named with the options that have it
+    assert unknown_override_keys(["experiment=smoke", "sampling.max_rounds=2"], conf) == [
+        "sampling.max_rounds (not a key of the chosen sampling option: sampling=dapo has it)"]
     # a sweep over the options themselves: each job holds other keys, so Hydra checks them per job
     assert unknown_override_keys(["-m", "env=visgym,visgym_small", "env.wall_mov=stay"], conf) == []
     proc = subprocess.run([sys.executable, str(CONF.parent / "train.py"), "experiment=smoke", "aux_loss.demo_cof=0.3"],
@@ -260,7 +267,7 @@ def test_a_typo_that_the_sweep_check_skips_still_stops_the_sweep(tmp_path):
 
 def test_a_group_option_chosen_on_the_command_line_is_the_one_that_runs():
     assert _compose(["aux_loss=none"]).aux_loss.demo_coef == 0.0
-    assert _compose(["experiment=smoke", "sampling=dapo"]).sampling.name == "dapo"
+    assert _compose(["experiment=smoke", "sampling=dapo"]).sampling._target_ == "rlkit.sampling.DapoSampling"
 
 
 def test_interactive_demo_is_the_7x7_maze_played_one_move_a_turn():
@@ -279,6 +286,6 @@ def test_interactive_demo_is_the_7x7_maze_played_one_move_a_turn():
     assert cfg.sft.start_from_env == "visgym_small" and cfg.sft.recovery_share == 0.5
     assert cfg.env.parser == "keyword"  # the words the plan-mode warm start writes
     assert cfg.lr == 5e-4 < small.lr and cfg.optim.lr_schedule == small.optim.lr_schedule == "cosine"
-    assert cfg.algorithm.entropy_coef == 0.0 and cfg.sampling.name == small.sampling.name == "dapo"
+    assert cfg.algorithm.entropy_coef == 0.0 and cfg.sampling._target_ == small.sampling._target_ == "rlkit.sampling.DapoSampling"
     assert cfg.rollout.max_new_tokens < small.rollout.max_new_tokens  # one move a turn, not a route
     assert "native.NativeBackend" in cfg.backend._target_  # one process: the control runs beside it on 2 cores

@@ -48,8 +48,6 @@ def test_defaults_and_every_experiment_are_valid():
     ("optim.weight_decay=-1", "optim.weight_decay=-1.0"),
     ("optim.warmup_steps=-1", "optim.warmup_steps=-1"),
     ("optim.adam_betas=[0.9,1.5]", "optim.adam_betas=[0.9, 1.5] must be two numbers in [0, 1)"),
-    ("sampling.max_rounds=-1", "sampling.max_rounds=-1 must be an integer >= 0"),
-    ("sampling.name=greso", "sampling.name='greso' must be one of plain, dapo"),
     ("aux_loss.demo_max_tasks=0", "aux_loss.demo_max_tasks=0 must be an integer >= 1"),
     ("algorithm.mini_batch_size=0", "algorithm.mini_batch_size=0"),
     ("steps=-1", "steps=-1 must be an integer >= 0 (0 = only the warm start"),
@@ -82,10 +80,9 @@ def test_every_typed_field_has_a_rule():
     from dataclasses import fields
 
     from rlkit.config import (AlgorithmConfig, AuxLossConfig, EvalConfig, GroundingConfig, OptimConfig, RolloutConfig,
-                              SamplingConfig, SFTConfig, TrainerConfig)
+                              SFTConfig, TrainerConfig)
 
     free = {"algorithm.name", "algorithm.norm_adv_by_std", "algorithm.filter_zero_variance_groups",
-            "sampling.adaptive_batch",  # with sampling=plain: rlkit.recipes.validation.config_problems
             "algorithm.dedup_identical_samples", "algorithm.overlong_filtering",
             "optim.adam_betas",  # rlkit.config.check_ranges (two numbers in [0, 1))
             "trainer.eval_before_train", "trainer.max_ckpts_to_keep", "trainer.resume_path",
@@ -96,7 +93,7 @@ def test_every_typed_field_has_a_rule():
             "sft.start_from_env", "sft.start_from_experiment"}  # a config's name: rlkit.recipes.validation
     for prefix, cls in [("algorithm", AlgorithmConfig), ("rollout", RolloutConfig), ("trainer", TrainerConfig),
                         ("sft", SFTConfig), ("grounding", GroundingConfig), ("eval", EvalConfig),
-                        ("sampling", SamplingConfig), ("aux_loss", AuxLossConfig), ("optim", OptimConfig)]:
+                        ("aux_loss", AuxLossConfig), ("optim", OptimConfig)]:
         for f in fields(cls):
             key = f"{prefix}.{f.name}"
             assert key in RANGES or key in free, f"{key} has no valid-range rule in rlkit.config.RANGES"

@@ -171,7 +171,7 @@ def test_resume_with_adaptive_dynamic_sampling_sizes_the_next_round_as_the_unint
     """The adaptive rounds are sized from the previous step's informative share, which the checkpoint
     keeps: without it the resumed step 3 would draw a round of 2 tasks where the uninterrupted run drew
     the step's whole budget (the 2-step warm start solves nothing, so the share is 0: dynamic/rounds 1)."""
-    extra = ["sampling.name=dapo", "sampling.max_rounds=2", "sampling.adaptive_batch=true"]
+    extra = ["sampling=dapo", "sampling.max_rounds=2", "sampling.adaptive_batch=true"]
     ref = tmp_path / "ref"
     _train(ref, cache, extra)
     assert [s["dynamic/rounds"] for s in _steps(ref) if "reward/mean" in s][1:] == [1.0, 1.0, 1.0]
@@ -267,7 +267,7 @@ OLD_CONFIG = {"lr": 1e-3,
               "env": {"parser": "plan", "holdout": "layout", "train_room_endpoints": 0.0}}
 NEW_CONFIG = {"lr": 1e-3,
               "algorithm": {"eps_clip_low": 0.2},
-              "sampling": {"name": "dapo", "max_rounds": 3, "adaptive_batch": True},
+              "sampling": {"_target_": "rlkit.sampling.DapoSampling", "max_rounds": 3, "adaptive_batch": True},
               "aux_loss": {"demo_coef": 0.3},
               "optim": {"adam_betas": [0.9, 0.999], "lr_schedule": "cosine"},
               "grounding": {"enabled": True, "tasks": ["walls"]},
@@ -285,9 +285,14 @@ def test_an_old_config_reads_as_the_same_experiment_through_conf_compat():
     other = OmegaConf.create({**NEW_CONFIG, "aux_loss": {"demo_coef": 0.5}})
     assert config_changes(OmegaConf.create(OLD_CONFIG), other) == {"aux_loss.demo_coef": (0.3, 0.5)}
     # rounds > 0 before conf/sampling/ existed meant DAPO: today's plain sampling is another experiment
-    plain = OmegaConf.create({**NEW_CONFIG, "sampling": {"name": "plain", "max_rounds": 0, "adaptive_batch": False}})
+    plain = OmegaConf.create({**NEW_CONFIG, "sampling": {"_target_": "rlkit.sampling.PlainSampling"}})
     assert set(config_changes(OmegaConf.create(OLD_CONFIG), plain)) == {
-        "sampling.name", "sampling.max_rounds", "sampling.adaptive_batch"}
+        "sampling._target_", "sampling.max_rounds", "sampling.adaptive_batch"}
+    # a checkpoint that named its strategy (sampling.name, before the strategies were classes) reads as today's
+    named = {"name": "plain", "max_rounds": 0, "adaptive_batch": False}
+    assert config_changes(OmegaConf.create({**NEW_CONFIG, "sampling": named}), plain) == {}
+    named = {"name": "dapo", "max_rounds": 3, "adaptive_batch": True}
+    assert config_changes(OmegaConf.create({**NEW_CONFIG, "sampling": named}), OmegaConf.create(NEW_CONFIG)) == {}
     # a curriculum of more than one phase has no flat equivalent: it stays, and differs
     phases = OmegaConf.create({**OLD_CONFIG, "grounding": {"enabled": True, "curriculum": [["cell"], ["walls"]],
                                                           "advance_accuracy": 0.9}})

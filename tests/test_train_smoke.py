@@ -138,7 +138,7 @@ def test_bad_config_fails_fast_with_a_clear_message(override, message, tmp_path)
     ("train_tasks=2 eval.seen_tasks=3", "eval.seen_tasks=3 is more than the train_tasks=2"),
     ("sft.stages=[{max_steps:4,lr_schedule:cosine}]", "lr_schedule=cosine with warmup_steps=20 >= max_steps=4"),
     ("sft.start_from_env=visgym_tiny", "sft.start_from_env='visgym_tiny' is not an env config: use one of shapes, visgym,"),
-    ("sampling.max_rounds=2", "belong to DAPO dynamic sampling, which sampling=plain does not run"),
+    ("+sampling.max_rounds=2", "belong to DAPO dynamic sampling, which sampling=plain does not run"),
     # grounding.tasks, read by the grounding stage or by the warm start's grounding questions
     ("grounding.tasks=[[walls]]", "a flat list of task names, e.g. 'grounding.tasks=[walls]'"),
     ("grounding.enabled=false sft.grounding_mix=2 grounding.tasks=[wals]",
@@ -187,7 +187,7 @@ RANGE_PROBLEMS = {
 CROSS_PROBLEMS = {
     "policy.lora.enabled=false": "policy.lora.enabled=false: GRPO trains a LoRA adapter",  # was silently forced on
     # smoke runs sampling=plain: a dapo key would change nothing
-    "sampling.adaptive_batch=true": "belong to DAPO dynamic sampling, which sampling=plain does not run",
+    "+sampling.adaptive_batch=true": "belong to DAPO dynamic sampling, which sampling=plain does not run",
     "aux_loss.demo_max_successes=2": "aux_loss.demo_max_successes=2: a group of group_size=2",  # smoke: G=2
     "trainer.resume_mode=from_path": "trainer.resume_mode=from_path needs trainer.resume_path=<checkpoint dir>",
     "sft.start_from_env=visgym sft.start_from_experiment=tiny_9x9_curriculum":
@@ -336,7 +336,7 @@ def test_a_warm_start_keys_the_grounding_tasks_it_mixes_in(tmp_path):
 INTERACTIVE_SMOKE = ["experiment=interactive_demo", "sft.start_from_env=null", "sft.start_from_experiment=smoke",
                      "steps=2", "group_size=2", "tasks_per_step=2", "trainer.eval_interval=0", "trainer.quiet=true",
                      "eval.num_tasks=3", "sft.num_demos=16", "sft.max_steps=2", "sft.batch_size=4", "sft.val_tasks=2",
-                     "sft.eval_every=2", "sampling.name=plain", "sampling.max_rounds=0", "sampling.adaptive_batch=false",
+                     "sft.eval_every=2", "sampling=plain",
                      "algorithm.filter_zero_variance_groups=false", "logger=console"]
 
 

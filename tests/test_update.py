@@ -138,7 +138,7 @@ def test_supervised_batch_shares_the_system_prompt_exactly(policy, plan_env):
     once; the loss and its gradients equal the full-sequence forward's."""
     from rlkit.policy.logprobs import shared_prefix_clusters
     from rlkit.algorithms.nll import batch_shares_prefix
-    from rlkit.stages.sft import demonstration_trajectory
+    from rlkit.demonstrations import demonstration_trajectory
 
     demos = [demonstration_trajectory(plan_env, policy, seed=s) for s in (1000, 1001, 1002, 1003)]
     demos = [d for d in demos if d is not None]

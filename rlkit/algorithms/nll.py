@@ -24,7 +24,7 @@ class AuxTerm:
 
     name: the metric namespace (``<name>/nll`` is logged, nats per token, measured before the step).
     coef: its weight in the loss (> 0). sequences: the trajectories whose loss-mask-1 tokens it teaches
-    (e.g. rlkit.stages.sft.demonstration_trajectory's).
+    (e.g. rlkit.demonstrations.demonstration_trajectory's).
     """
 
     name: str

@@ -323,7 +323,7 @@ class RayCluster:
         return trajs, metrics
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
-        """rlkit.stages.sft.demonstration_trajectory of each seed, built on the rollout workers (seeds split
+        """rlkit.demonstrations.demonstration_trajectory of each seed, built on the rollout workers (seeds split
         across them), in seed order; a seed whose demonstration does not solve its task is left out."""
         jobs = self._split(seeds)
         refs = [self.rollouts[j].demonstrations.remote(chunk) for j, chunk in jobs]

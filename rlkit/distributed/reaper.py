@@ -14,7 +14,6 @@ then SIGKILL after ``grace_s``. After a clean ``ray.shutdown()`` the caller stop
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -63,13 +62,6 @@ def terminate(pids: list[int], grace_s: float = 3.0) -> None:
             time.sleep(0.1)
 
 
-def stop_session(session_name: str, grace_s: float = 3.0, exclude: set[int] = frozenset()) -> list[int]:
-    """SIGTERM every process of the session, SIGKILL what is left after ``grace_s``; returns the pids."""
-    pids = session_processes(session_name, exclude)
-    terminate(pids, grace_s)
-    return pids
-
-
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (another user's process counts as alive)."""
     return _alive(pid)
@@ -91,20 +83,6 @@ def _zombie(pid: int) -> bool:
         return stat[stat.rindex(")") + 2] == "Z"
     except (OSError, IndexError):
         return False
-
-
-def wait_for_exit(pid: int) -> None:
-    """Block until process ``pid`` has ended (pidfd on Linux, else polling)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        while _alive(pid):
-            time.sleep(0.5)
-        return
-    try:
-        select.select([fd], [], [])
-    finally:
-        os.close(fd)
 
 
 def start_reaper(session_name: str, driver_pid: int | None = None, grace_s: float = 3.0) -> subprocess.Popen:

@@ -331,9 +331,9 @@ class RolloutWorker:
         return trajs, {"load": load, "rollout_s": time.perf_counter() - t0, **self._engine_info()}
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
-        """rlkit.stages.sft.demonstration_trajectory for each seed (the adapter plays no part), in order; a
+        """rlkit.demonstrations.demonstration_trajectory for each seed (the adapter plays no part), in order; a
         seed whose demonstration does not solve its task is left out."""
-        from rlkit.stages.sft import demonstration_trajectories
+        from rlkit.demonstrations import demonstration_trajectories
 
         return demonstration_trajectories(self.env_spec, self.policy, seeds)
 

@@ -42,10 +42,6 @@ class ImageInput:
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
 
-    @property
-    def num_patches(self) -> int:
-        return int(self.pixel_values.shape[0])
-
 
 class ImageBatch(NamedTuple):
     """Images of one sequence, concatenated in order: pixel_values [sum P_i, D] float32 and

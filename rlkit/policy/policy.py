@@ -148,12 +148,6 @@ class PolicyConfig:
         return _DTYPES[name]
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bf16 matmuls natively (rlkit.hardware.this_cpu_has_native_bf16: avx512_bf16 or
-    AMX-BF16 on x86, bf16 on aarch64; $RLKIT_CPU_BF16 overrides)."""
-    return this_cpu_has_native_bf16()
-
-
 def _check_keys(where: str, values: Mapping[str, Any], cls) -> None:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)

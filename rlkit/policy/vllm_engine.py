@@ -32,7 +32,7 @@ What crosses and how it maps to rlkit's engine (rlkit.policy.engine.Transformers
   first prompt (``probe_tokens`` tokens) to the same vLLM batch and compares it with rlkit's own engine on the policy,
   which holds the same weights (the caller keeps them equal: the local executor samples the version it just
   published from its own weights, a Ray rollout worker loads every version into its policy too): the greedy tokens
-  must be equal and their logprobs within rlkit.serve.vllm_probe.logprob_atol_for(dtype) (1e-4 in float32, 0.1 in
+  must be equal and their logprobs within rlkit.policy.vllm_facts.logprob_atol_for(dtype) (1e-4 in float32, 0.1 in
   bf16, where a near tie may also flip a greedy token; its continuation is then scored by rlkit, teacher-forced);
   otherwise ``ProbeMismatch``. ``last_probe`` keeps the last comparison's largest difference. The probe runs in
   every dtype.
@@ -183,7 +183,7 @@ class VllmEngine:
                  python: str | os.PathLike | None = None, start_timeout_s: float = 900.0) -> None:
         import torch
 
-        from rlkit.serve.vllm import cpu_engine_env, vllm_lora_rank
+        from rlkit.policy.vllm_facts import cpu_engine_env, vllm_lora_rank
 
         self.policy = policy
         model = policy.model
@@ -319,10 +319,10 @@ class VllmEngine:
         """Make the PEFT adapter at ``path`` the one every later ``generate`` samples with (a new LoRA id; the previous
         adapter is removed from vLLM). Returns its AdapterInfo (``adapter_info``).
 
-        Raises: ValueError for an adapter with LoRA on the Conv3d patch embedding (rlkit.serve.vllm.check_adapter_for_vllm);
+        Raises: ValueError for an adapter with LoRA on the Conv3d patch embedding (rlkit.policy.vllm_facts.check_adapter_for_vllm);
         VllmEngineError when vLLM cannot load it."""
         from rlkit.policy.lora import read_adapter_info
-        from rlkit.serve.vllm import check_adapter_for_vllm
+        from rlkit.policy.vllm_facts import check_adapter_for_vllm
 
         path = Path(path)
         check_adapter_for_vllm(path)
@@ -369,7 +369,7 @@ class VllmEngine:
         stop string as rlkit's engine reports them).
         Raises: ValueError (bad sampling params, top-k / top-p, a prompt without its source images);
             VllmEngineError (vLLM failed, or expanded a prompt to other ids than rlkit's);
-            rlkit.serve.vllm_probe.ProbeMismatch (the probe after a load: vLLM does not run the policy's weights).
+            rlkit.policy.vllm_facts.ProbeMismatch (the probe after a load: vLLM does not run the policy's weights).
         """
         sampling.validate()
         if (sampling.top_k and sampling.top_k > 0) or sampling.top_p < 1.0:
@@ -415,7 +415,7 @@ class VllmEngine:
 
     def _check_probe(self, prompt: PromptInput, got: dict) -> None:
         from rlkit.policy.engine import TransformersEngine
-        from rlkit.serve.vllm_probe import ProbeAnswer, compare_probe, logprob_atol_for, near_ties_allowed
+        from rlkit.policy.vllm_facts import ProbeAnswer, compare_probe, logprob_atol_for, near_ties_allowed
 
         if self._reference is None:
             self._reference = TransformersEngine(self.policy, reuse_kv=False, share_prompt_prefix=False)

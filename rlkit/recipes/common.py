@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from rlkit.sweep import sweep_group_name
+from rlkit.run_folder import sweep_group_name
 
 
 def seed_everything(seed: int) -> None:
@@ -28,7 +28,7 @@ def run_name() -> str:
 
 
 def sweep_group() -> str | None:
-    """The sweep's group in a multirun (``rlkit.sweep.sweep_group_name``: ``sweep-<date>_<time>`` for
+    """The sweep's group in a multirun (``rlkit.run_folder.sweep_group_name``: ``sweep-<date>_<time>`` for
     Hydra's default sweep folder; the loggers group a sweep's jobs by it), else None."""
     try:
         hc = HydraConfig.get()

@@ -34,7 +34,6 @@ from rlkit.config import (
     EvalConfig,
     OptimConfig,
     RolloutConfig,
-    SamplingConfig,
     TrainerConfig,
     stop_strings,
 )
@@ -54,8 +53,8 @@ from rlkit.recipes.heal import WorkerLostError, lost_worker_or_raise, start_work
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import capability_problems, check_config, check_env
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
-from rlkit.run import accept_run_config
-from rlkit.sampling import SampledBatch, StepSampler
+from rlkit.run_folder import accept_run_config
+from rlkit.sampling import SampledBatch, StepSampler, sampling_strategy
 from rlkit.stages import warm_start as ws
 from rlkit.tasks import training_sampler
 
@@ -124,10 +123,12 @@ class GRPORecipe:
         self.base_path = ws.starting_checkpoint(job, resume_from, build_threads(self.trainer.build_threads), threads,
                                                 check_config, self.progress)
         # control=fixed_image: a training task whose first picture every env shows (after the warm start, so the
-        # control starts from the same policy); the Ray rollout workers wrap their own envs with it
+        # control starts from the same policy); the executor gets the wrapped spec, Ray's workers wrap their own envs
         self.fixed_image_seed = None
         if cfg.get("control") == "fixed_image":
             self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
+            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
+            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
         self._executor_ctx = ExecutorContext(
             policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=self.base_path,
             env_spec=self.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=self.algo,
@@ -136,11 +137,7 @@ class GRPORecipe:
             deterministic=self.trainer.deterministic, progress=self.progress, rollout_engine=r.engine)
         self.executor.start(self._executor_ctx)
         self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
-        ws.check_answer_fits(job, self.executor.tokenizer or cfg.policy.get("path"))
-        if self.fixed_image_seed is not None:
-            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
-            self.executor.ctx.env_spec = self.env_spec
-            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
+        ws.check_answer_fits(job, self.executor.tokenizer)  # the policy's tokenizer, or its folder
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens, n=1, seed=cfg.seed, stop=self.stop)
         self.greedy = SamplingParams(temperature=r.eval_temperature, top_p=1.0, top_k=0, max_new_tokens=r.max_new_tokens,
@@ -149,7 +146,7 @@ class GRPORecipe:
         self.aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
         self.sampler = StepSampler(
             rollout=self.executor.rollout, reward_fn=self.reward_fn, tasks=self.tasks,
-            demonstrations=self.executor.demonstrations, sampling=to_dataclass(cfg.sampling, SamplingConfig),
+            demonstrations=self.executor.demonstrations, sampling=sampling_strategy(cfg.sampling),
             aux=self.aux, algo=self.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step, seed=cfg.seed,
             steps=cfg.steps, base_sampling=self.sampling, control=cfg.get("control"), progress=self.progress)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
@@ -164,7 +161,7 @@ class GRPORecipe:
             self.logger.resume_history(self.metrics_file.read(), self.state.step)
 
     def _resume(self, path: Path | None) -> None:
-        """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run.accept_run_config):
+        """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run_folder.accept_run_config):
         its settings checked, its builds done, and nothing of it written into the folder yet."""
         accept_run_config(self.out)
         if path is None:

@@ -20,13 +20,13 @@ from typing import Any, Iterator
 import torch
 
 from rlkit.algorithms.nll import AuxTerm
+from rlkit.demonstrations import demonstration_trajectories
 from rlkit.evaluation import evaluate
 from rlkit.faults import maybe_crash
 from rlkit.plugins import instantiate_plugin
 from rlkit.policy import make_engine
 from rlkit.recipes.executor import ExecutorContext
 from rlkit.rollout import rollout
-from rlkit.stages.sft import demonstration_trajectories
 from rlkit.update import grpo_update
 
 
@@ -136,6 +136,15 @@ class LocalExecutor:
         self._startup_metric = {}
         return trajs, {**extra, **self._probe_metrics()}
 
+    @contextlib.contextmanager
+    def sample_with(self, version: int) -> Iterator[None]:
+        """Nothing to do: this executor never samples ahead (``pipelined`` is False), its engine samples the live
+        weights."""
+        yield
+
+    def settle(self, pending: dict[str, float]) -> None:
+        """Nothing to wait for: the update is done when ``start_update`` returns."""
+
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """The solver's demonstration trajectory of each seed, the unsolved ones left out."""
         return demonstration_trajectories(self.ctx.env_spec, self.policy, seeds)
@@ -152,6 +161,7 @@ class LocalExecutor:
         return metrics
 
     def finish_update(self, step: int, pending: dict[str, float]) -> dict[str, float]:
+        """The update ran in ``start_update``: its metrics."""
         return pending
 
     def evaluate(self, seeds: list[int], greedy: Any, version: int, pass_k: int = 0, pass_k_sampling: Any = None,

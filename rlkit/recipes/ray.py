@@ -57,20 +57,23 @@ class RemotePolicy:
         self._run = executor
 
     def save_adapter(self, path: str | os.PathLike, version: int | None = None) -> Any:
-        """Write the current adapter as a plain PEFT adapter directory at ``path`` (atomically).
-
-        ``version`` is accepted for Policy.save_adapter's signature and not used: the copy keeps the
-        published version's own number (its step) in rlkit_adapter.json.
+        """Write the adapter after ``version`` updates (None: the newest published) as a plain PEFT adapter
+        directory at ``path`` (atomically): a copy of that published version, whose rlkit_adapter.json keeps its
+        number, as Policy.save_adapter(path, version) writes it.
 
         Returns: rlkit.policy.AdapterInfo of what was written.
-        Raises: RuntimeError when nothing has been published yet.
+        Raises: RuntimeError when nothing has been published yet, or ``version`` is not among the published
+        versions still kept (backend.keep_versions).
         """
         from rlkit.policy.lora import read_adapter_info, umask_permissions
         from rlkit.sync import ADAPTER_CONFIG, ADAPTER_META, ADAPTER_WEIGHTS, version_dir
 
         if self._run.published_version is None:
             raise RuntimeError("no adapter version has been published yet; nothing to save")
-        src = version_dir(self._run.sync_root, self._run.published_version)
+        src = version_dir(self._run.sync_root, self._run.published_version if version is None else int(version))
+        if not (src / ADAPTER_META).is_file():
+            raise RuntimeError(f"adapter version {version} is not published under {self._run.sync_root} (the newest "
+                               f"is {self._run.published_version}; backend.keep_versions keeps the last few)")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))

@@ -13,6 +13,7 @@ from rlkit.config import CONF_DIR as CONF  # the package's conf/ (a wheel) or th
 from rlkit.config import check_ranges
 from rlkit.env_check import check_env  # noqa: F401  (the recipe checks the env with the config)
 from rlkit.errors import ConfigError
+from rlkit.sampling.strategies import sampling_problems
 from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions, SupportsRecoveryDemonstrations
 
 
@@ -35,13 +36,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
                         "weight. Remove the override, or adapt more with policy.lora.include_vision=true / "
                         "policy.lora.rank")
     problems += _start_from_problems(cfg)
-    if sampling.name == "plain" and (sampling.max_rounds or sampling.adaptive_batch):
-        problems.append(f"sampling.max_rounds={sampling.max_rounds} / sampling.adaptive_batch="
-                        f"{str(sampling.adaptive_batch).lower()} belong to DAPO dynamic sampling, which "
-                        "sampling=plain does not run: choose sampling=dapo, or set them to 0 / false")
-    if sampling.name == "dapo" and sampling.max_rounds < 1:
-        problems.append("sampling=dapo with sampling.max_rounds=0 samples no extra round: set sampling.max_rounds "
-                        ">= 1, or sampling=plain")
+    problems += sampling_problems(sampling)  # the strategy's own fields, and none of another's
     m = aux.demo_max_successes
     if m >= cfg.group_size >= 2:  # (a group_size below 2 is refused by its own range)
         problems.append(f"aux_loss.demo_max_successes={m}: a group of group_size={cfg.group_size} with that many "
@@ -65,7 +60,7 @@ def rollout_engine_problems(cfg: DictConfig) -> list[str]:
     if r.get("engine", "rlkit") != "vllm":
         return []
     from rlkit.policy.vllm_engine import vllm_python_problem
-    from rlkit.serve.vllm import VLLM_LORA_RANKS, patch_embed_targets
+    from rlkit.policy.vllm_facts import VLLM_LORA_RANKS, patch_embed_targets
 
     problems = []
     if (missing := vllm_python_problem()) is not None:

@@ -9,12 +9,12 @@ from typing import Any, Callable
 import torch
 
 from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import AlgorithmConfig, AuxLossConfig, SamplingConfig
+from rlkit.config import AlgorithmConfig, AuxLossConfig
 from rlkit.controls import shuffle_rewards
 from rlkit.faults import maybe_crash
 from rlkit.rollout import rollout_stats
 from rlkit.sampling.demos import demonstration_tasks
-from rlkit.sampling.dynamic import dynamic_sampling, round_size
+from rlkit.sampling.strategies import SamplingStrategy
 
 #: The rollout of one round: (step, task seeds, SamplingParams, group size) -> (B*G trajectories, extra metrics).
 RolloutFn = Callable[[int, list[int], Any, int], tuple[list[Any], dict[str, float]]]
@@ -43,20 +43,21 @@ class StepSampler:
         rollout: the executor's rollout (``RolloutFn``). reward_fn: Episode -> RewardOutput (a GuardedReward).
         tasks: the run's rlkit.tasks.TaskSampler (its position is part of the checkpoint).
         demonstrations: task seeds -> the solver's demonstration trajectories (the executor's).
-        sampling / aux / algo: the typed groups it reads. group_size, tasks_per_step: G and B.
+        sampling: the strategy (rlkit.sampling.strategies: PlainSampling | DapoSampling). aux / algo: the typed
+            groups it reads. group_size, tasks_per_step: G and B.
         seed: the run's seed (each step samples with its own seed, seed x 1,000,003 + step, so a resumed run
             samples what it would have). control: None or "shuffled_reward" (rlkit.controls). progress: the
             console's (``phase``).
     """
 
     def __init__(self, *, rollout: RolloutFn, reward_fn: Any, tasks: Any, demonstrations: Callable[[list[int]], list[Any]],
-                 sampling: SamplingConfig, aux: AuxLossConfig, algo: AlgorithmConfig, group_size: int,
+                 sampling: SamplingStrategy, aux: AuxLossConfig, algo: AlgorithmConfig, group_size: int,
                  tasks_per_step: int, seed: int, steps: int, base_sampling: Any, control: str | None, progress: Any):
         self.rollout, self.reward_fn, self.tasks, self.demos_of = rollout, reward_fn, tasks, demonstrations
-        self.cfg, self.aux, self.algo = sampling, aux, algo
+        self.strategy, self.aux, self.algo = sampling, aux, algo
         self.group_size, self.tasks_per_step, self.seed, self.steps = group_size, tasks_per_step, seed, steps
         self.base_sampling, self.control, self.progress = base_sampling, control, progress
-        #: (informative, sampled) groups of the last dapo step: sizes the next adaptive round
+        #: (informative, sampled) groups of the last step with extra rounds (dapo): sizes the next adaptive round
         self.informative_counts: tuple[int, int] = (1, 1)
 
     # -- checkpoint
@@ -87,28 +88,22 @@ class StepSampler:
             timing["reward/failures"] = timing.get("reward/failures", 0.0) + failures.count - failed_before
         return trajs, rewards_out, extra
 
-    def _adaptive_round(self, drawn: int, missing: int) -> list[int] | None:
-        """The next dapo round's tasks when rounds are adaptive (``sampling.adaptive_batch``), else None."""
-        if not self.cfg.adaptive_batch:
-            return None
-        return self.tasks.sample(round_size(missing, drawn, self.informative_counts, self.cfg.max_rounds,
-                                            self.tasks_per_step))
-
     # -- one step
     def sample(self, step: int) -> SampledBatch:
         """The sampling half of step ``step`` (1-based). Returns a SampledBatch."""
         g, timing = self.group_size, {}
         t0 = time.time()
         sampling = replace(self.base_sampling, seed=self.seed * 1_000_003 + step)
-        seeds = self._adaptive_round(0, self.tasks_per_step) if self.cfg.name == "dapo" else None
+        seeds = self.strategy.first_round(self.tasks, self.tasks_per_step, self.informative_counts)
         trajs, rewards_out, extra = self._round(step, sampling, timing, seeds)
         rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)  # [B*G]
         sampled, sampled_rewards, dynamic = trajs, rewards, {}
-        if self.cfg.name == "dapo" and self.cfg.max_rounds > 0:
-            trajs, rewards, sampled, rewards_out, dynamic, self.informative_counts = dynamic_sampling(
-                step, sampling, trajs, rewards_out, group_size=g, tasks_per_step=self.tasks_per_step,
-                max_rounds=self.cfg.max_rounds, draw_round=self._adaptive_round,
-                next_round=lambda s, sp, seeds: self._round(s, sp, timing, seeds))
+        more = self.strategy.more_rounds(step, sampling, trajs, rewards_out, group_size=g,
+                                         tasks_per_step=self.tasks_per_step, tasks=self.tasks,
+                                         informative_counts=self.informative_counts,
+                                         next_round=lambda s, sp, seeds: self._round(s, sp, timing, seeds))
+        if more is not None:  # the strategy rolled out more rounds (dapo): the kept groups, and everything sampled
+            trajs, rewards, sampled, rewards_out, dynamic, self.informative_counts = more
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
         if self.control == "shuffled_reward":  # advantages that say nothing (rlkit/controls.py)
             rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(self.seed * 1_000_003 + step))

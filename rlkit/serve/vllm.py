@@ -32,93 +32,21 @@ import json
 import shlex
 from typing import Sequence
 
+from rlkit.policy.vllm_facts import (  # noqa: F401 (moved to rlkit.policy.vllm_facts, re-exported)
+    PATCH_EMBED,
+    PATCH_EMBED_MODULE,
+    VISION_LINEAR_LEAVES,
+    VISION_MODULE_PREFIX,
+    VLLM_LORA_RANKS,
+    adapter_has_vision_modules,
+    adapter_module_names,
+    check_adapter_for_vllm,
+    cpu_engine_env,
+    patch_embed_targets,
+    targets_reach_vision,
+    vllm_lora_rank,
+)
 from rlkit.serve.models import AdapterSpec
-
-#: Values vLLM accepts for --max-lora-rank (vllm.config.lora).
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM accepts that is >= ``rank``. Raises ValueError above 512."""
-    for r in VLLM_LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ValueError(f"LoRA rank {rank} exceeds the largest --max-lora-rank vLLM accepts ({VLLM_LORA_RANKS[-1]})")
-
-
-#: Module-name fragments of Qwen3-VL's vision side (tower blocks, merger, deepstack mergers).
-VISION_MODULE_PREFIX = "visual."
-#: The Conv3d patch embedding: LoRA there is never applied by vLLM.
-PATCH_EMBED = "visual.patch_embed"
-
-
-def adapter_module_names(path) -> list[str]:
-    """Names of the modules an exported PEFT adapter holds LoRA weights for (from
-    adapter_model.safetensors' tensor names, ``...<module>.lora_A.weight`` -> ``...<module>``).
-
-    Raises FileNotFoundError when ``path`` has no adapter_model.safetensors."""
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    f = Path(path) / "adapter_model.safetensors"
-    if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: not an exported PEFT adapter (adapter_model.safetensors)")
-    with safe_open(str(f), framework="pt") as st:
-        keys = list(st.keys())
-    return sorted({k.split(".lora_")[0] for k in keys if ".lora_" in k})
-
-
-def adapter_has_vision_modules(path) -> bool:
-    """True when the adapter has LoRA on the vision tower or merger (vLLM then needs
-    ``--enable-tower-connector-lora``, else it ignores them)."""
-    return any(VISION_MODULE_PREFIX in m for m in adapter_module_names(path))
-
-
-def check_adapter_for_vllm(path) -> None:
-    """Refuse an adapter vLLM would load only in part.
-
-    Raises:
-        ValueError: the adapter has LoRA on ``visual.patch_embed`` (a Conv3d, which vLLM skips
-            without an error; measured logprob differences 0.04 on the tiny policy), naming the fix.
-    """
-    conv = [m for m in adapter_module_names(path) if PATCH_EMBED in m]
-    if conv:
-        raise ValueError(
-            f"adapter {path} has LoRA on {conv}: vLLM does not apply LoRA to the Conv3d patch embedding and "
-            "silently samples without it. Train the adapter without it: policy.lora.include_vision=false "
-            "(language model only), or policy.lora.target_modules without 'proj' (which also matches "
-            "visual.patch_embed.proj), e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
-            "linear_fc1,linear_fc2] to keep the vision tower's other linears; or serve this adapter with rlkit's "
-            "engine (scripts/serve.py without --engine vllm)")
-
-
-#: Qwen3-VL's Conv3d patch embedding, as peft names it (a target matches it when it is the whole name or a
-#: dotted suffix of it, e.g. ``proj``).
-PATCH_EMBED_MODULE = "model.visual.patch_embed.proj"
-#: Leaf names of Qwen3-VL's vision-side linears (tower blocks: attn.qkv, attn.proj, mlp.linear_fc1/2; merger and
-#: deepstack mergers: linear_fc1/2). The language model's are q/k/v/o_proj and gate/up/down_proj.
-VISION_LINEAR_LEAVES = ("qkv", "proj", "linear_fc1", "linear_fc2")
-
-
-def patch_embed_targets(target_modules) -> list[str]:
-    """The entries of a LoRA target list that peft would match to the Conv3d patch embedding (a whole name or
-    a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target.
-    A string says nothing alone: peft's ``all-linear`` picks linears only, but rlkit's ``all-linear`` with
-    ``policy.lora.include_vision=true`` does adapt the Conv3d (rlkit.recipes.validation checks that case itself)."""
-    if isinstance(target_modules, str):
-        return []
-    return [str(t) for t in target_modules
-            if PATCH_EMBED_MODULE == str(t) or PATCH_EMBED_MODULE.endswith("." + str(t)) or "patch_embed" in str(t)]
-
-
-def targets_reach_vision(target_modules, include_vision: bool) -> bool:
-    """Whether LoRA with these targets adapts Qwen3-VL's vision side (then vLLM needs
-    ``enable_tower_connector_lora``): ``all-linear`` with ``include_vision``, or a list naming a vision-side
-    linear (VISION_LINEAR_LEAVES) or anything under ``visual``."""
-    if isinstance(target_modules, str):
-        return bool(include_vision) and target_modules == "all-linear"
-    return any(str(t).rsplit(".", 1)[-1] in VISION_LINEAR_LEAVES or "visual" in str(t) for t in target_modules)
 
 
 def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: int) -> None:
@@ -137,14 +65,6 @@ def check_prompt_ids(input_ids: Sequence[int], image_pad_id: int, num_images: in
             f"prompt holds {pads} <|image_pad|> ids for {num_images} image(s): vLLM expands each pad into the "
             "image's tokens itself, so hand it the chat text (chat.render_user_turn) or ids with one pad per "
             "image, never rlkit's expanded ids (chat.user_turn)")
-
-
-def cpu_engine_env(threads: int = 1) -> dict[str, str]:
-    """Environment for a vLLM CPU engine on a small shared machine: ``threads`` OpenMP threads,
-    not pinned (VLLM_CPU_OMP_THREADS_BIND=nobind), 1 GiB of KV cache, engine in-process
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0: no spawned worker, so no ``__main__`` guard needed)."""
-    return {"OMP_NUM_THREADS": str(int(threads)), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 #: The OpenAI server module of vLLM's CPU build: its ``vllm`` console script fails there (the distribution is

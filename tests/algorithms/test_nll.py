@@ -8,7 +8,7 @@ import torch
 
 from rlkit.algorithms.nll import AuxTerm, active_terms, demonstration_nll
 from rlkit.config import AlgorithmConfig
-from rlkit.stages.sft import demonstration_trajectory
+from rlkit.demonstrations import demonstration_trajectory
 from rlkit.update import grpo_update
 from tests.core.test_rollout_update import _batch
 from tests.test_update import _update_grad

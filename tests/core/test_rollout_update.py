@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlkit.config import AlgorithmConfig
+from rlkit.demonstrations import demonstration_trajectory
 from rlkit.policy import SamplingParams, make_engine
 from rlkit.rollout import rollout, rollout_stats, to_tensor
-from rlkit.stages.sft import demonstration_trajectory
 from rlkit.update import grpo_update
 
 SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)

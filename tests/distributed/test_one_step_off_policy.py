@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlkit.config import AlgorithmConfig, AuxLossConfig, SamplingConfig
+from rlkit.config import AlgorithmConfig, AuxLossConfig
 from rlkit.distributed.runtime import RaySettings
 from rlkit.policy import SamplingParams
 from rlkit.recipes.grpo import GRPORecipe
 from rlkit.recipes.ray import RayExecutor
-from rlkit.sampling import StepSampler
+from rlkit.sampling import PlainSampling, StepSampler
 from rlkit.types import RewardOutput
 
 
@@ -76,7 +76,7 @@ def scripted_run(one_step_off_policy: bool, steps: int = 5, ckpt_interval: int =
     run.tasks = SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)])
     run.sampler = StepSampler(
         rollout=ex.rollout, reward_fn=lambda episode: RewardOutput(total=float(episode.success)), tasks=run.tasks,
-        demonstrations=ex.demonstrations, sampling=SamplingConfig(), aux=run.aux,
+        demonstrations=ex.demonstrations, sampling=PlainSampling(), aux=run.aux,
         algo=AlgorithmConfig(norm_adv_by_std=True, adv_eps=1e-6), group_size=2, tasks_per_step=2, seed=0,
         steps=steps, base_sampling=SamplingParams(temperature=1.0, seed=0), control=None, progress=run.progress)
     run.shuffle_gen = torch.Generator().manual_seed(0)

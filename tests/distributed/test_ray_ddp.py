@@ -102,7 +102,7 @@ def test_a_rank_with_an_empty_share_and_demonstrations(cluster, make_policy, env
     zero-weight filler and contributes zero gradients), and the demo term's 3 demonstrations are
     split 2/1 across the ranks: the update still equals grpo_update's, through 4 optimizer steps."""
     from envs.visgym import VisGymMaze
-    from rlkit.stages.sft import demonstration_trajectory
+    from rlkit.demonstrations import demonstration_trajectory
 
     env = VisGymMaze(**{k: v for k, v in env_node.items() if k != "_target_"})
     local = _start(cluster, make_policy, tmp_path, seed=9)

@@ -152,7 +152,7 @@ def test_demo_loss_on_two_ranks_matches_single_process(cluster, make_policy, env
     term in the first) equals grpo_update's; with no group kept it steps on the demonstrations alone."""
     import rlkit.algorithms.nll
     from envs.visgym import VisGymMaze
-    from rlkit.stages.sft import demonstration_trajectory
+    from rlkit.demonstrations import demonstration_trajectory
 
     # the single-process side runs the full-sequence forward too (the 2 ranks cannot share the prefix)
     monkeypatch.setattr(rlkit.algorithms.nll, "batch_shares_prefix", lambda policy: False)

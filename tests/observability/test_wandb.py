@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from rlkit.loggers import default_run_name, resolve_wandb_mode, wandb_credentials
-from rlkit.sweep import sweep_group_name
+from rlkit.run_folder import sweep_group_name
 from tests.observability.conftest import run_train
 from tests.observability.wandb_reader import assert_wandb_matches_metrics, read_run, records
 

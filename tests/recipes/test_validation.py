@@ -133,15 +133,34 @@ def test_setup_refuses_an_env_that_cannot_feed_a_stage_before_any_build(tmp_path
 
 
 def test_plain_sampling_refuses_the_dapo_keys():
-    problems = config_problems(_cfg("sampling.name=plain", "sampling.max_rounds=2"))
+    # PlainSampling has no keys: Hydra refuses `sampling.max_rounds=2` on it, and an appended one is refused here
+    problems = config_problems(_cfg("sampling=plain", "+sampling.max_rounds=2", "+sampling.adaptive_batch=false"))
     assert problems == ["sampling.max_rounds=2 / sampling.adaptive_batch=false belong to DAPO dynamic sampling, "
-                        "which sampling=plain does not run: choose sampling=dapo, or set them to 0 / false"]
-    (problem,) = config_problems(_cfg("sampling.name=plain", "sampling.adaptive_batch=true"))
+                        "which sampling=plain does not run: choose sampling=dapo, or drop them"]
+    (problem,) = config_problems(_cfg("sampling=plain", "+sampling.adaptive_batch=true"))
     assert "sampling.adaptive_batch=true belong to DAPO" in problem
     with pytest.raises(ConfigError, match="sampling=dapo with sampling.max_rounds=0 samples no extra round"):
-        check_config(_cfg("sampling.name=dapo", "sampling.max_rounds=0"))
-    assert config_problems(_cfg("sampling.name=dapo", "sampling.max_rounds=3")) == []
-    assert config_problems(_cfg("sampling.name=plain")) == []
+        check_config(_cfg("sampling=dapo", "sampling.max_rounds=0"))
+    assert config_problems(_cfg("sampling=dapo", "sampling.max_rounds=3")) == []
+    assert config_problems(_cfg("sampling=plain")) == []
+
+
+def test_each_sampling_strategy_is_a_class_with_only_its_own_keys():
+    from rlkit.resume import SAMPLING_TARGETS
+    from rlkit.sampling import DapoSampling, PlainSampling, sampling_strategy
+    from rlkit.sampling.strategies import TARGETS, sampling_problems
+
+    assert sampling_strategy(_cfg("sampling=plain").sampling) == PlainSampling()
+    assert sampling_strategy(_cfg("sampling=dapo", "sampling.adaptive_batch=false").sampling) == DapoSampling(3, False)
+    assert SAMPLING_TARGETS == TARGETS  # what resume reads an older checkpoint's sampling.name as
+    assert sampling_problems(_cfg("sampling=dapo", "sampling.max_rounds=-1").sampling) == [
+        "sampling.max_rounds=-1 must be an integer >= 0 (dapo's extra rollout rounds a step)"]
+    assert sampling_problems(_cfg("sampling=dapo", "sampling.adaptive_batch=2").sampling) == [
+        "sampling.adaptive_batch=2 must be true or false"]
+    (problem,) = sampling_problems(_cfg("sampling._target_=greso").sampling)
+    assert problem.startswith("sampling._target_='greso' must be one of rlkit.sampling.PlainSampling, ")
+    with pytest.raises(ConfigError, match="sampling=plain does not run"):
+        sampling_strategy(_cfg("sampling=plain", "+sampling.max_rounds=1").sampling)
 
 
 def test_rollout_engine_is_one_of_its_choices():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rlkit.algorithms.grpo import group_advantages
-from rlkit.config import AlgorithmConfig, AuxLossConfig, SamplingConfig
+from rlkit.config import AlgorithmConfig, AuxLossConfig
 from rlkit.policy import SamplingParams
-from rlkit.sampling import StepSampler
+from rlkit.sampling import DapoSampling, StepSampler
 from rlkit.sampling.dynamic import round_size
 from rlkit.types import RewardOutput
 
@@ -38,8 +38,7 @@ def scripted_run(tasks_per_step=2, group_size=2, max_rounds=3, adaptive=False):
 
     sampler = StepSampler(
         rollout=rollout, reward_fn=None, tasks=SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)]),
-        demonstrations=lambda seeds: [], sampling=SamplingConfig(name="dapo", max_rounds=max_rounds,
-                                                                 adaptive_batch=adaptive),
+        demonstrations=lambda seeds: [], sampling=DapoSampling(max_rounds=max_rounds, adaptive_batch=adaptive),
         aux=AuxLossConfig(), algo=AlgorithmConfig(), group_size=group_size, tasks_per_step=tasks_per_step, seed=0,
         steps=1, base_sampling=SamplingParams(temperature=1.0, seed=100), control=None,
         progress=SimpleNamespace(phase=lambda *a, **k: contextlib.nullcontext()))
@@ -119,7 +118,7 @@ def test_negative_max_rounds_is_refused(value, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "train.py"), "experiment=smoke", "logger=console",
-                           "sampling.name=dapo", f"sampling.max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
+                           "sampling=dapo", f"sampling.max_rounds={value}", f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "RLKIT_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode != 0 and "max_rounds=-1" in proc.stdout + proc.stderr
@@ -152,7 +151,7 @@ def test_adaptive_round_size_is_an_exact_integer_ceiling():
     # and the sampler's adaptive round asks for that many tasks of its task stream
     run = scripted_run(tasks_per_step=2, max_rounds=63, adaptive=True)
     run.informative_counts = (3, 7)
-    assert run._adaptive_round(0, 2) == [0, 1, 2, 3, 4]
+    assert run.strategy.first_round(run.tasks, 2, run.informative_counts) == [0, 1, 2, 3, 4]
 
 
 def test_adaptive_rounds_stay_within_the_steps_task_budget():

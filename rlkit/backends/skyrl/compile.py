@@ -52,7 +52,6 @@ from rlkit.config import (
     EvalConfig,
     OptimConfig,
     RolloutConfig,
-    SamplingConfig,
     SFTConfig,
     TrainerConfig,
     stop_strings,
@@ -161,7 +160,7 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
 
     problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
     optim: OptimConfig = to_dataclass(cfg.optim, OptimConfig)
-    sampling: SamplingConfig = to_dataclass(cfg.sampling, SamplingConfig)
+    sampling = cfg.sampling  # the strategy's node (rlkit.sampling.strategies)
     aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
     _check_unsupported(algo, optim, sampling, aux, trainer, sft, eval_cfg, steps, group_size, problems)
     if cfg.get("control") is not None:
@@ -384,7 +383,7 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
 # ------------------------------------------------------------------------------------------ the groups
 
 
-def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: SamplingConfig, aux: AuxLossConfig,
+def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: Any, aux: AuxLossConfig,
                        trainer: TrainerConfig, sft: SFTConfig, eval_cfg: EvalConfig,
                        steps: int, group_size: int, problems: list[str]) -> None:
     """Append one line per rlkit option whose value SkyRL 0.3.0 cannot honour."""
@@ -405,10 +404,14 @@ def _check_unsupported(algo: AlgorithmConfig, optim: OptimConfig, sampling: Samp
             "algorithm.filter_zero_variance_groups=true: SkyRL applies its zero_variance_filter only to "
             "response-level rewards, and its multi-turn generators return token-level rewards; set it to false"
         )
-    if sampling.name != "plain" or sampling.max_rounds or sampling.adaptive_batch:
+    from rlkit.sampling.strategies import sampling_problems, strategy_name
+
+    mixed = sampling_problems(sampling)  # a mixed or bad sampling node, named with its fix
+    problems.extend(mixed)
+    if not mixed and strategy_name(sampling) != "plain":
         problems.append(
-            f"sampling={sampling.name}: rlkit's dynamic sampling runs only in the native backends; use sampling=plain "
-            "(SkyRL has its own, trainer.algorithm.dynamic_sampling, which rlkit does not map)"
+            f"sampling={strategy_name(sampling)}: rlkit's dynamic sampling runs only in the native backends; use "
+            "sampling=plain (SkyRL has its own, trainer.algorithm.dynamic_sampling, which rlkit does not map)"
         )
     if algo.adv_eps != SKYRL_GRPO_EPS:
         problems.append(
@@ -554,7 +557,7 @@ def _policy(cfg: DictConfig, problems: list[str]) -> dict[str, Any]:
             "characters; use all-linear or a list of module names"
         )
     targets, exclude = _lora_targets(lo.target_modules, lo.include_vision)
-    from rlkit.serve.vllm import patch_embed_targets, targets_reach_vision
+    from rlkit.policy.vllm_facts import patch_embed_targets, targets_reach_vision
 
     conv = patch_embed_targets(lo.target_modules) if lo.enabled else []
     if conv:
