@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 
+from rlkit.run import rerun_overrides
 from rlkit.sweep import sweep_group_name
 
 
@@ -19,12 +20,13 @@ def seed_everything(seed: int) -> None:
 
 
 def run_name() -> str:
-    """The job's Hydra overrides joined by commas ("default" without any; "run" outside a Hydra job)."""
+    """The job's Hydra overrides joined by commas: its task overrides after the ``hydra.searchpath`` it was given
+    (rlkit.run.rerun_overrides), so they rerun it ("default" without any; "run" outside a Hydra job)."""
     try:
-        overrides = HydraConfig.get().overrides.task
+        overrides = HydraConfig.get().overrides
     except ValueError:
         return "run"
-    return ",".join(overrides) or "default"
+    return ",".join(rerun_overrides(overrides.task, overrides.hydra)) or "default"
 
 
 def sweep_group() -> str | None:
