@@ -183,3 +183,23 @@ def swept_keys(sweep_dir: Path) -> set[str]:
         return swept_keys_of(list(OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra.overrides.task))
     except Exception:  # noqa: BLE001 - no sweep record: nothing to compare against
         return set()
+
+
+#: ``hydra.*`` keys whose overrides change what a job composes (``hydra.searchpath``: config folders outside the
+#: clone, docs/adding-an-env.md section 8), unlike those that say where it writes or how it launches
+#: (``hydra.run.dir``, ``hydra/launcher=...``). Hydra keeps every ``hydra.*`` override out of the task overrides.
+RERUN_HYDRA_KEYS = ("hydra.searchpath",)
+
+
+def rerun_overrides(task: Sequence[str], hydra: Sequence[str]) -> list[str]:
+    """The overrides that rerun a job, as its records keep them (result.json's ``overrides``).
+
+    Args:
+        task: the job's task overrides (``HydraConfig.overrides.task``, ``.hydra/overrides.yaml``), as typed.
+        hydra: its ``hydra.*`` overrides (``HydraConfig.overrides.hydra``), as typed or added by Hydra.
+
+    Returns: those of ``hydra`` on a RERUN_HYDRA_KEYS key (``+``, ``++`` and ``~`` forms too; in order), then ``task``:
+    without the search path, a rerun of an env outside the clone stops at Hydra's "Could not find 'env/...'".
+    """
+    kept = [o for o in hydra if o.lstrip("+~").split("=", 1)[0] in RERUN_HYDRA_KEYS]
+    return [*kept, *task]

@@ -3,6 +3,7 @@
     python scripts/play.py --url http://127.0.0.1:8000/v1 --model maze --num-tasks 64
     python scripts/play.py --url http://127.0.0.1:8000/v1 --run outputs/2026-05-01/14-03-22     # that run's env
     python scripts/play.py --url http://gpu-host:8000/v1 --model maze --mode interactive --max-turns 18 --api-key-env RLKIT_API_KEY
+    python scripts/play.py --url http://127.0.0.1:8000/v1 --model maze --api-key sk-local    # the key serve.py --api-key took
 
 Works against scripts/serve.py and ``vllm serve`` alike (official ``openai`` client). The env is
 ``env`` of conf/train.yaml composed with the run's recorded overrides (``--run``) and then the
@@ -15,7 +16,11 @@ set, or ``--seeds``. Per turn: ``--max-tokens``
 With temperature 0 against scripts/serve.py the outcomes equal scripts/eval.py's for the same
 adapter, maze by maze (rlkit/serve/play.py says why). ``--out`` writes them (the format of
 scripts/eval.py --out). ``--model`` may be omitted when the server lists exactly one adapter.
-Exit status 2 for a config error, 1 when the endpoint fails.
+A server that requires a key (scripts/serve.py ``--api-key`` / ``--api-key-env``, ``vllm serve --api-key``)
+gets it as ``Authorization: Bearer KEY`` from ``--api-key KEY`` or from the variable ``--api-key-env`` names
+(which keeps it out of the process list); without either, the openai client's placeholder ``EMPTY``, which an
+open server ignores.
+Exit status 2 for a config error (a bad key option included), 1 when the endpoint fails (a refused key: 401).
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml (env=..., env.max_turns=...)")
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the endpoint's base URL (ending in /v1)")
     p.add_argument("--model", default=None, help="served model name (default: the only adapter the server lists)")
-    p.add_argument("--api-key-env", default=None, metavar="VAR", help="send the key in this env variable")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="send 'Authorization: Bearer KEY' (the key serve.py --api-key or vllm serve --api-key requires)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="as --api-key, the key read from this environment variable (kept out of the process list)")
     p.add_argument("--run", default=None, help="a run directory whose recorded overrides set env and rollout")
     p.add_argument("--variant", default=None, help="env.variant (easy | hard)")
     p.add_argument("--mode", default=None, help="env.mode (interactive | plan)")
@@ -56,6 +64,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", default=None, help="write per-task outcomes (JSON) here")
     return p
+
+
+def api_key(args) -> str | None:
+    """The key to send: ``--api-key``, else the variable ``--api-key-env`` names, else None (none required).
+
+    Raises: ValueError for an empty ``--api-key``, both options, or an ``--api-key-env`` variable that is unset
+    or empty (the server would answer 401).
+    """
+    if args.api_key is not None:
+        if args.api_key_env:
+            raise ValueError("--api-key and --api-key-env both given; give the key one way")
+        if not args.api_key:
+            raise ValueError("--api-key: an empty key; give the key the server requires")
+        return args.api_key
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: the environment variable is unset or empty")
+        return key
+    return None
 
 
 def pick_model(client, wanted: str | None) -> str:
@@ -79,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.serve.config import ConfigComposeError, compose, instantiate_env
     from rlkit.serve.play import PlayError, play
 
+    try:
+        bearer = api_key(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.run and not (Path(args.run) / ".hydra" / "overrides.yaml").is_file():
         print(f"error: --run {args.run}: not a run folder (no .hydra/overrides.yaml); give the folder train.py "
               "wrote (outputs/<date>/<time>, or its hydra.run.dir), or leave --run out", file=sys.stderr)
@@ -103,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     max_tokens = args.max_tokens or int(cfg.rollout.max_new_tokens)
-    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
-    client = openai.OpenAI(base_url=args.url, api_key=key or "EMPTY", timeout=args.timeout, max_retries=2)
+    client = openai.OpenAI(base_url=args.url, api_key=bearer or "EMPTY", timeout=args.timeout, max_retries=2)
     t0 = time.time()
     try:
         model = pick_model(client, args.model)

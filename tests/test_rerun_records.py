@@ -103,3 +103,55 @@ def test_a_cluster_job_refuses_a_swept_key_change_and_a_sweep_may_share_one_resu
         result = json.loads((job_dir / "result.json").read_text())
         assert result["steps_completed"] == 3 and not (job_dir / "error.txt").exists()
         assert [json.loads(line)["changes"]["lr"]["now"] for line in (job_dir / "resumes.jsonl").open()] == [lr]
+
+
+def _top_level_split(joined: str) -> list[str]:
+    """result.json's ``overrides`` back into overrides: split at the commas outside brackets and quotes."""
+    out, depth, quote, cur = [], 0, None, ""
+    for ch in joined:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return [*out, cur] if cur else out
+
+
+def test_a_runs_recorded_overrides_keep_its_search_path_and_rerun_it(tmp_path):
+    """An experiment from a conf folder outside the clone (docs/adding-an-env.md section 8): result.json's
+    ``overrides`` hold the ``hydra.searchpath`` the run was given (not where it wrote, ``hydra.run.dir``), and
+    train.py with exactly those overrides reruns it; without the search path the same overrides do not."""
+    conf = tmp_path / "my_task" / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "outside_smoke.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - smoke\n\nsteps: 1\n")
+    search = f"hydra.searchpath=[file://{conf}]"
+    first = tmp_path / "first"
+    _train([search, "experiment=outside_smoke", *FAST[1:], f"hydra.run.dir={first}"], tmp_path)
+    recorded = json.loads((first / "result.json").read_text())["overrides"]
+    overrides = _top_level_split(recorded)
+    assert overrides == [search, "experiment=outside_smoke", *FAST[1:]], recorded
+    again = tmp_path / "again"
+    _train([*overrides, f"hydra.run.dir={again}"], tmp_path)
+    result = json.loads((again / "result.json").read_text())
+    assert result["overrides"] == recorded and result["steps_completed"] == 1
+    lost = _train([*overrides[1:], f"hydra.run.dir={tmp_path / 'lost'}"], tmp_path, ok=False)
+    assert lost.returncode != 0 and "outside_smoke" in lost.stderr
+
+
+def test_rerun_overrides_keep_only_the_hydra_overrides_that_change_the_config():
+    from rlkit.run_folder import rerun_overrides
+
+    hydra = ["hydra.run.dir=/x", "hydra.mode=RUN", "+hydra.searchpath=[file:///a/conf,pkg://b]", "hydra/launcher=basic"]
+    assert rerun_overrides(["env=dots", "lr=1e-3"], hydra) == ["+hydra.searchpath=[file:///a/conf,pkg://b]",
+                                                               "env=dots", "lr=1e-3"]
+    assert rerun_overrides(["lr=1e-3"], ["hydra.run.dir=/x", "hydra.searchpathx=1"]) == ["lr=1e-3"]
+    assert rerun_overrides([], []) == []

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -151,6 +151,10 @@ class GenerateStats:
     extra: dict = field(default_factory=dict)
 
 
+#: ``on_token(prompt_index, sample_index, token_id, logprob)`` of ``TransformersEngine.generate``.
+TokenCallback = Callable[[int, int, int, float], None]
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the rollout loop needs from an engine.
@@ -258,8 +262,18 @@ class TransformersEngine:
         self.adapter_info = load_adapter_inplace(self.policy.model, path)
         return self.adapter_info
 
-    def generate(self, prompts: Sequence[PromptInput], sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[PromptInput], sampling: SamplingParams,
+                 on_token: TokenCallback | None = None) -> list[list[Completion]]:
         """Sample ``sampling.n`` completions for each prompt.
+
+        Args:
+            prompts, sampling: what to sample from and how.
+            on_token: called on this thread as each token is sampled, before the next decode step:
+                ``on_token(prompt_index, sample_index, token_id, logprob)`` (ints and a float, the values the
+                Completion gets; per step in row order, so the tokens of one completion arrive in order). A
+                completion's last call is its last token (``<|im_end|>``, the token completing a stop string,
+                or the ``max_new_tokens``-th). It does not change what is sampled; an exception it raises
+                ends the call (propagated; nothing is returned). None: no calls, no cost.
 
         Returns: list (one per prompt, in order) of lists of n Completions.
 
@@ -267,7 +281,7 @@ class TransformersEngine:
             ValueError: bad sampling params, an empty prompt, or a prompt whose image placeholders
                 do not match its images.
         """
-        return self._generate(prompts, sampling, None, keep=False)[0]
+        return self._generate(prompts, sampling, None, keep=False, on_token=on_token)[0]
 
     def generate_cached(
         self,
@@ -297,7 +311,8 @@ class TransformersEngine:
         """
         return self._generate(prompts, sampling, states, keep=True)
 
-    def _generate(self, prompts, sampling, states, keep: bool) -> tuple[list[list[Completion]], list[list[KVState]]]:
+    def _generate(self, prompts, sampling, states, keep: bool,
+                  on_token: TokenCallback | None = None) -> tuple[list[list[Completion]], list[list[KVState]]]:
         sampling.validate()
         if not prompts:
             return [], []
@@ -323,14 +338,17 @@ class TransformersEngine:
                 for start in range(0, len(prompts), per_chunk):
                     chunk = list(prompts[start : start + per_chunk])
                     chunk_states = list(states[start : start + per_chunk])
+                    emit = None if on_token is None else _row_callback(on_token, start, n)
                     if self.share_prefill:
-                        comps, ks = self._generate_chunk(chunk, chunk_states, sampling, n, generator, stats, device, keep)
+                        comps, ks = self._generate_chunk(chunk, chunk_states, sampling, n, generator, stats, device, keep,
+                                                         emit)
                         out.extend(comps)
                         kept.extend(ks)
                     else:
                         rows = [p for p in chunk for _ in range(n)]
                         row_states = [s for s in chunk_states for _ in range(n)]
-                        flat, flat_k = self._generate_chunk(rows, row_states, sampling, 1, generator, stats, device, keep)
+                        flat, flat_k = self._generate_chunk(rows, row_states, sampling, 1, generator, stats, device, keep,
+                                                            emit)
                         out.extend([[c[0] for c in flat[i * n : (i + 1) * n]] for i in range(len(chunk))])
                         if keep:
                             kept.extend([[k[0] for k in flat_k[i * n : (i + 1) * n]] for i in range(len(chunk))])
@@ -453,8 +471,9 @@ class TransformersEngine:
                        input_ids=list(prefix.input_ids), num_images=0,
                        next_position=int(batch.position_ids.amax()) + 1)
 
-    def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device,
-                        keep: bool = False) -> tuple[list[list[Completion]], list[list[KVState]]]:
+    def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device, keep: bool = False,
+                        emit=None) -> tuple[list[list[Completion]], list[list[KVState]]]:
+        """Sample a chunk (prompts x n rows). emit: None or ``emit(row, token_id, logprob)`` per sampled token."""
         model = self.policy.model
         chat = self.policy.chat
         im_end = chat.im_end_id
@@ -495,6 +514,9 @@ class TransformersEngine:
                     finish[r], stop_reason[r] = "stop", hit
                 else:
                     keep_rows.append(j)
+            if emit is not None:
+                for j, r in enumerate(alive_l):
+                    emit(r, tok_l[j], lp_l[j])
             stats.generated_tokens += len(alive_l)
             last = not keep_rows or step == sampling.max_new_tokens - 1
             if keep:  # rows that end now: their cache holds the prompt and all but the last sampled token
@@ -567,6 +589,16 @@ class TransformersEngine:
             raise RuntimeError(f"internal: a kept KV cache has {keys[0].shape[1]} positions for {len(ids)} tokens")
         num_images = 0 if prompt.image_grid_thw is None else int(prompt.image_grid_thw.reshape(-1, 3).shape[0])
         return KVState(keys=keys, values=values, input_ids=ids, num_images=num_images, next_position=int(next_position))
+
+
+def _row_callback(on_token: TokenCallback, first_prompt: int, n: int) -> Callable[[int, int, float], None]:
+    """``emit(row, token_id, logprob)`` for the rows of a chunk whose first prompt is ``first_prompt``: rows are
+    prompt-major (n per prompt, with or without a shared prefill), so row r is sample r % n of prompt r // n."""
+
+    def emit(row: int, token_id: int, logprob: float) -> None:
+        on_token(first_prompt + row // n, row % n, token_id, logprob)
+
+    return emit
 
 
 #: Decode into KV buffers with room for the new tokens (_GrowingLayer) instead of transformers'

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from rlkit.run_folder import sweep_group_name
+from rlkit.run_folder import rerun_overrides, sweep_group_name
 
 
 def seed_everything(seed: int) -> None:
@@ -19,12 +19,13 @@ def seed_everything(seed: int) -> None:
 
 
 def run_name() -> str:
-    """The job's Hydra overrides joined by commas ("default" without any; "run" outside a Hydra job)."""
+    """The job's Hydra overrides joined by commas: its task overrides after the ``hydra.searchpath`` it was given
+    (rlkit.run_folder.rerun_overrides), so they rerun it ("default" without any; "run" outside a Hydra job)."""
     try:
-        overrides = HydraConfig.get().overrides.task
+        overrides = HydraConfig.get().overrides
     except ValueError:
         return "run"
-    return ",".join(overrides) or "default"
+    return ",".join(rerun_overrides(overrides.task, overrides.hydra)) or "default"
 
 
 def sweep_group() -> str | None:

@@ -18,9 +18,14 @@ server bug.
 Streaming (``"stream": true``): the answer is ``text/event-stream``, one ``data: <chat.completion.chunk>``
 event per chunk (rlkit.serve.protocol.completion_chunks: the role, then one content piece per sampled
 token, then ``finish_reason``; a usage chunk with ``stream_options.include_usage``) and ``data: [DONE]``.
-rlkit's engine samples a whole completion in one call, so the events are sent when the completion is
-done: clients that stream get the same text as without streaming, but not its first tokens any sooner.
-An error found before sampling (a bad parameter, a prompt too long) is a plain JSON error, as with vLLM.
+The chunks leave as the engine samples (its ``on_token`` callback puts each token on a queue the event loop
+reads): a token's text is sent once it is sure to begin the final content (rlkit.serve.tokens.StreamPieces:
+a character split over tokens waits for its last byte, text that may still become a stop sequence waits for
+the end), so the streamed text is exactly the non-streamed content. With ``top_logprobs``, whose values come
+from a forward of the whole completion, the chunks are sent when it is done (``completion_chunks``). An
+error found before sampling (a bad parameter, a prompt too long) is a plain JSON error, as with vLLM; one
+after the stream began is a last ``data: {"error": ...}`` event before ``[DONE]``. A client that closes its
+stream stops the sampling at the next token.
 
 Logprobs (``"logprobs": true``, ``"top_logprobs": k`` <= 20): ``choices[i].logprobs.content`` has one entry
 per sampled token, the final ``<|im_end|>`` included (``usage.completion_tokens`` counts it): ``token``
@@ -36,7 +41,8 @@ float32 rounding: tests/policy/test_logprobs.py, tests/serve/test_openai_types.p
 Concurrency: requests are parsed and their images decoded on the event loop's thread pool, then
 queued to a single model worker thread that builds the prompt, selects the adapter and generates,
 one request at a time (the CPU has nothing to gain from overlapping two generations, and the
-adapter selection + generation must not interleave). At most ``limits.max_queue`` requests wait.
+adapter selection + generation must not interleave); a streamed request holds the worker until its
+completion is sampled (not until the client has read it). At most ``limits.max_queue`` requests wait.
 """
 
 from __future__ import annotations
@@ -63,9 +69,9 @@ from starlette.requests import ClientDisconnect
 
 from rlkit.serve.conversation import SampledIds, build_prompt, parse_messages, remember_completion
 from rlkit.serve.models import ModelHost
-from rlkit.serve.protocol import (APIError, ChatRequest, ChoiceOut, ServeLimits, completion_chunks, completion_response,
-                                  parse_request, sse_event, token_logprob)
-from rlkit.serve.tokens import TokenText
+from rlkit.serve.protocol import (APIError, ChatRequest, ChoiceOut, ChunkStream, ServeLimits, completion_chunks,
+                                  completion_response, parse_request, sse_event, token_logprob)
+from rlkit.serve.tokens import StreamPieces, TokenText
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +273,10 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         _check_params(req, host, limits)
         return req, parse_messages(req.messages, limits)
 
+    def _token_name(req: ChatRequest, token_id: int) -> str:
+        """A token as logprobs entries name it: its text, or vLLM's ``token_id:<id>``."""
+        return f"token_id:{token_id}" if req.return_tokens_as_token_ids else token_text.text(token_id)
+
     def _logprobs(req: ChatRequest, prompt, c, temperature: float) -> list[dict[str, Any]]:
         """The logprobs entries of completion ``c`` (see the module doc, "Logprobs")."""
         k = req.top_logprobs or 0
@@ -274,19 +284,22 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         if k > 0:
             chosen, top_ids, top_lps = host.top_logprobs(req.model, prompt.input_ids, prompt.image_inputs,
                                                          c.token_ids, temperature, k)
-
-        def name(i: int) -> str:
-            return f"token_id:{i}" if req.return_tokens_as_token_ids else token_text.text(i)
-
-        return [token_logprob(name(tok), token_text.raw(tok), lp,
-                              [(name(i), token_text.raw(i), v) for i, v in zip(ids, vals)])
+        return [token_logprob(_token_name(req, tok), token_text.raw(tok), lp,
+                              [(_token_name(req, i), token_text.raw(i), v) for i, v in zip(ids, vals)])
                 for tok, lp, ids, vals in zip(c.token_ids, chosen, top_ids, top_lps)]
 
-    def _run(req: ChatRequest, turns) -> tuple[list[ChoiceOut], int, int]:
-        """(choices, prompt tokens, completion tokens) of a request; runs on the model worker."""
+    def _run(req: ChatRequest, turns, on_token=None, started=None) -> tuple[list[ChoiceOut], int, int]:
+        """(choices, prompt tokens, completion tokens) of a request; runs on the model worker.
+
+        on_token: ModelHost.generate's callback, for a live stream (whose tokens and logprobs it sends: the
+        choices then carry neither deltas nor logprobs). started: called once the request is found valid, right
+        before sampling (an APIError raised before it is the client's)."""
+        live = on_token is not None
         prompt = build_prompt(chat, turns, sampled)
         sampling = _sampling(req, len(prompt.input_ids), host.max_model_len, limits)
-        completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling)
+        if started is not None:
+            started()
+        completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling, on_token=on_token)
         choices = []
         for c in completions:
             stop = getattr(c, "stop_reason", None)
@@ -298,10 +311,13 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
                     remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
             choices.append(ChoiceOut(
                 text, c.finish_reason, stop,
-                logprobs=_logprobs(req, prompt, c, sampling.temperature) if req.logprobs else None,
-                deltas=token_text.deltas(c.token_ids, text) if req.stream else None,
+                logprobs=_logprobs(req, prompt, c, sampling.temperature) if req.logprobs and not live else None,
+                deltas=token_text.deltas(c.token_ids, text) if req.stream and not live else None,
             ))
         return choices, len(prompt.input_ids), sum(len(c.token_ids) for c in completions)
+
+    def _done(_future) -> None:
+        state["pending"] -= 1
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -310,12 +326,13 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         if state["pending"] >= limits.max_queue:
             raise APIError(429, f"the server is busy ({state['pending']} requests queued); retry later",
                            type="rate_limit_error", code="server_busy")
+        loop = asyncio.get_running_loop()
+        if req.stream and token_text.byte_level and not req.top_logprobs:
+            return await _live_stream(req, turns, loop)
         state["pending"] += 1
-        try:
-            choices, prompt_tokens, completion_tokens = await asyncio.get_running_loop().run_in_executor(
-                worker, _run, req, turns)
-        finally:
-            state["pending"] -= 1
+        job = loop.run_in_executor(worker, _run, req, turns)
+        job.add_done_callback(_done)
+        choices, prompt_tokens, completion_tokens = await job
         state["served"] += 1
         fingerprint = host.fingerprint(req.model)
         if not req.stream:
@@ -328,10 +345,92 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
                 yield sse_event(c)
             yield sse_event("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _event_stream(events())
+
+    async def _live_stream(req: ChatRequest, turns, loop: asyncio.AbstractEventLoop):
+        """Stream a request's tokens as the engine samples them (see the module doc, "Streaming").
+
+        The model worker puts ("started",), then ("token", choice, id, logprob) per sampled token, then ("done",
+        result) or ("failed", exception) on a queue the event loop reads. An error before "started" is answered
+        as a JSON error; one after it ends the stream with an error event."""
+        queue: asyncio.Queue = asyncio.Queue()
+        gone = threading.Event()  # the client left: the worker stops sampling at its next token
+
+        def put(*item) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def on_token(k: int, token_id: int, logprob: float) -> None:
+            if gone.is_set():
+                raise _ClientGone
+            put("token", k, token_id, logprob)
+
+        def job() -> None:
+            try:
+                put("done", _run(req, turns, on_token=on_token, started=lambda: put("started")))
+            except BaseException as e:  # (handed to the event loop, which answers or logs it)
+                put("failed", e)
+
+        state["pending"] += 1
+        loop.run_in_executor(worker, job).add_done_callback(_done)
+        try:
+            first = await queue.get()
+        except asyncio.CancelledError:  # the client left while the request waited its turn
+            gone.set()
+            raise
+        if first[0] == "failed":
+            raise first[1]
+        stops, n = req.stop_strings(), req.n or 1
+        pieces = [StreamPieces(token_text, stops, chat.im_end_id) for _ in range(n)]
+        fingerprint = host.fingerprint(req.model)
+        out = ChunkStream(req.model, fingerprint, bool(req.stream_options and req.stream_options.include_usage))
+
+        async def events():
+            try:
+                for k in range(n):
+                    yield sse_event(out.role(k))
+                while True:
+                    item = await queue.get()
+                    if item[0] == "token":
+                        _, k, tok, lp = item
+                        piece = pieces[k].push(tok)
+                        if piece or req.logprobs:
+                            entry = token_logprob(_token_name(req, tok), token_text.raw(tok), lp) if req.logprobs else None
+                            yield sse_event(out.content(k, piece, entry))
+                        continue
+                    if item[0] == "failed":
+                        raise item[1]
+                    choices, prompt_tokens, completion_tokens = item[1]
+                    for k, c in enumerate(choices):
+                        rest = pieces[k].close(c.content)
+                        if rest:
+                            yield sse_event(out.content(k, rest))
+                    for k, c in enumerate(choices):
+                        yield sse_event(out.finish(k, c.finish_reason, c.stop_reason))
+                    if out.include_usage:
+                        yield sse_event(out.usage(prompt_tokens, completion_tokens))
+                    yield sse_event("[DONE]")
+                    state["served"] += 1
+                    return
+            except Exception as e:  # after the 200 went out: an error event in the OpenAI shape, as vLLM sends
+                log.exception("internal error while streaming a completion")
+                state["server_errors"] += 1
+                yield sse_event(APIError(500, f"internal server error ({type(e).__name__})", type="server_error").body())
+                yield sse_event("[DONE]")
+            finally:
+                gone.set()
+
+        return _event_stream(events())
 
     return app
+
+
+class _ClientGone(Exception):
+    """Raised in the engine's token callback to stop sampling for a client that closed its stream."""
+
+
+def _event_stream(events) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 class ServerThread:

@@ -3,8 +3,8 @@
 ``compose(overrides, run_dir)`` composes conf/train.yaml as ``python train.py <overrides>`` would
 (the same defaults, groups and typo checks), registers it as the current Hydra config so that
 ``${hydra:...}`` interpolations (paths.cache_dir) resolve, and returns it. With a run directory,
-that run's recorded overrides (``.hydra/overrides.yaml``) come first, so its env, policy and rollout
-settings are reproduced; the caller's overrides apply on top. A run that took the default env is
+that run's recorded overrides (``.hydra/overrides.yaml``, and the ``hydra.searchpath`` of an env outside the
+clone) come first, so its env, policy and rollout settings are reproduced; the caller's overrides apply on top. A run that took the default env is
 given the env it recorded (``.hydra/hydra.yaml``, ``runtime.choices.env``), so a run made before the
 default changed (9x9 ``visgym`` until 2026-12, ``visgym_small`` since) composes as it ran.
 """
@@ -26,7 +26,9 @@ class ConfigComposeError(ValueError):
 
 
 def run_overrides(run_dir: Path | None) -> list[str]:
-    """The task overrides a run was started with (``<run_dir>/.hydra/overrides.yaml``), or []."""
+    """The overrides a run was started with, or []: its task overrides (``<run_dir>/.hydra/overrides.yaml``) after
+    the ``hydra.searchpath`` it was given (``.hydra/hydra.yaml``, ``hydra.overrides.hydra``; rlkit.run_folder.rerun_overrides),
+    so a run of an env outside the clone composes with the config folder it came from."""
     if run_dir is None:
         return []
     f = Path(run_dir) / ".hydra" / "overrides.yaml"
@@ -34,7 +36,11 @@ def run_overrides(run_dir: Path | None) -> list[str]:
         return []
     from omegaconf import OmegaConf
 
-    return [str(o) for o in OmegaConf.load(f)]
+    from rlkit.run_folder import rerun_overrides
+
+    h = Path(run_dir) / ".hydra" / "hydra.yaml"
+    hydra = OmegaConf.select(OmegaConf.load(h), "hydra.overrides.hydra", default=None) if h.is_file() else None
+    return rerun_overrides([str(o) for o in OmegaConf.load(f)], [str(o) for o in hydra or ()])
 
 
 def recorded_env_choice(run_dir: Path | None) -> str | None:

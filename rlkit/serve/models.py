@@ -254,9 +254,12 @@ class ModelHost:
             model.set_adapter(self.adapters[name].internal)
             yield
 
-    def generate(self, name: str, prompt_ids: list[int], image_inputs: list, sampling) -> list:
+    def generate(self, name: str, prompt_ids: list[int], image_inputs: list, sampling, on_token=None) -> list:
         """Sample ``sampling.n`` completions of one prompt with model ``name`` (base or an adapter).
 
+        on_token: None, or ``on_token(sample_index, token_id, logprob)`` called on this thread as each token is
+            sampled (rlkit.policy.TransformersEngine.generate's callback, for the one prompt); an exception it
+            raises ends the call.
         Not thread-safe: call from one thread at a time (see the module doc).
         Returns: list of rlkit.policy.Completion. Raises: KeyError for an unknown name.
         """
@@ -267,7 +270,9 @@ class ModelHost:
             raise KeyError(name)
         prompt = PromptInput(input_ids=list(prompt_ids), **concat_images(image_inputs))
         with self._active(name):
-            return self.engine.generate([prompt], sampling)[0]
+            if on_token is None:
+                return self.engine.generate([prompt], sampling)[0]
+            return self.engine.generate([prompt], sampling, on_token=lambda i, k, t, lp: on_token(k, t, lp))[0]
 
 
     def top_logprobs(self, name: str, prompt_ids: list[int], image_inputs: list, token_ids: list[int],

@@ -480,48 +480,76 @@ def completion_response(model: str, choices: list[ChoiceOut], prompt_tokens: int
     }
 
 
+class ChunkStream:
+    """The ``chat.completion.chunk`` objects (openai.types.chat.ChatCompletionChunk) of one streamed answer, made
+    one at a time as its tokens come; all share one ``id`` and ``created``.
+
+    model: the served model name. fingerprint: ``system_fingerprint``. include_usage (``stream_options``):
+    every chunk has ``"usage": null`` and ``usage`` makes the final chunk with no choices that carries it, as
+    OpenAI streams it. The order a stream sends them in: ``completion_chunks``.
+    """
+
+    def __init__(self, model: str, fingerprint: str | None = None, include_usage: bool = False) -> None:
+        self.model, self.fingerprint, self.include_usage = model, fingerprint, include_usage
+        self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def _chunk(self, index: int, delta: dict, logprobs=None, finish=None, **extra) -> dict[str, Any]:
+        c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+             "system_fingerprint": self.fingerprint,
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}]}
+        if self.include_usage:
+            c["usage"] = None
+        return c
+
+    def role(self, index: int) -> dict[str, Any]:
+        """Choice ``index``'s first chunk: ``delta {"role": "assistant", "content": ""}``."""
+        return self._chunk(index, {"role": "assistant", "content": ""})
+
+    def content(self, index: int, piece: str, entry: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``delta {"content": piece}``, with one token's logprobs entry (``token_logprob``) when given."""
+        return self._chunk(index, {"content": piece}, logprobs=None if entry is None else {"content": [entry]})
+
+    def finish(self, index: int, finish_reason: str, stop_reason: str | None) -> dict[str, Any]:
+        """Choice ``index``'s last chunk: ``delta {}`` with ``finish_reason`` and vLLM's ``stop_reason``."""
+        return self._chunk(index, {}, finish=finish_reason, stop_reason=stop_reason)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """The final chunk of an ``include_usage`` stream: no choices, the usage (as ``completion_response``)."""
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [],
+                "usage": _usage(prompt_tokens, completion_tokens)}
+
+
 def completion_chunks(model: str, choices: list[ChoiceOut], prompt_tokens: int, completion_tokens: int,
                       fingerprint: str | None = None, include_usage: bool = False) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of a streamed answer (openai.types.chat.ChatCompletionChunk), in
-    order; each is sent as one ``data: <json>`` server-sent event, then ``data: [DONE]``.
+    """The ``chat.completion.chunk`` objects of a streamed answer whose choices are complete (openai.types.chat.
+    ChatCompletionChunk), in order; each is sent as one ``data: <json>`` server-sent event, then ``data: [DONE]``.
 
     Per choice: a first chunk ``delta {"role": "assistant", "content": ""}``; then, token by token (choices
     interleaved), ``delta {"content": piece}`` with that token's logprobs entry (``{"content": [entry]}``)
     when asked (a chunk whose piece is empty is sent only to carry logprobs); then a last chunk ``delta {}``
     with ``finish_reason`` (and vLLM's ``stop_reason``). With ``include_usage`` (``stream_options``) every
     chunk has ``"usage": null`` and a final chunk with no choices carries the usage, as OpenAI streams it.
-    All chunks share one ``id`` and ``created``. choices need ``deltas`` (ChoiceOut); the pieces of a choice
-    concatenate to its ``content``, so the streamed text is the non-streamed text.
+    All chunks share one ``id`` and ``created`` (ChunkStream). choices need ``deltas`` (ChoiceOut); the pieces
+    of a choice concatenate to its ``content``, so the streamed text is the non-streamed text.
 
     Raises: ValueError when a choice has no ``deltas`` or its deltas do not add up to its content.
     """
-    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def chunk(index: int, delta: dict, logprobs=None, finish=None, **extra) -> dict[str, Any]:
-        c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "system_fingerprint": fingerprint,
-             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}]}
-        if include_usage:
-            c["usage"] = None
-        return c
-
     for i, c in enumerate(choices):
         if c.deltas is None or "".join(c.deltas) != c.content:
             raise ValueError(f"choice {i}: its deltas do not add up to its content")
         if c.logprobs is not None and len(c.logprobs) != len(c.deltas):
             raise ValueError(f"choice {i}: {len(c.logprobs)} logprobs entries for {len(c.deltas)} tokens")
-    out = [chunk(i, {"role": "assistant", "content": ""}) for i in range(len(choices))]
+    stream = ChunkStream(model, fingerprint, include_usage)
+    out = [stream.role(i) for i in range(len(choices))]
     for t in range(max((len(c.deltas) for c in choices), default=0)):
         for i, c in enumerate(choices):
             if t >= len(c.deltas) or (not c.deltas[t] and c.logprobs is None):
                 continue
-            out.append(chunk(i, {"content": c.deltas[t]},
-                             logprobs=None if c.logprobs is None else {"content": [c.logprobs[t]]}))
-    out += [chunk(i, {}, finish=c.finish_reason, stop_reason=c.stop_reason) for i, c in enumerate(choices)]
+            out.append(stream.content(i, c.deltas[t], None if c.logprobs is None else c.logprobs[t]))
+    out += [stream.finish(i, c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
     if include_usage:
-        out.append({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "system_fingerprint": fingerprint, "choices": [],
-                    "usage": _usage(prompt_tokens, completion_tokens)})
+        out.append(stream.usage(prompt_tokens, completion_tokens))
     return out
 
 

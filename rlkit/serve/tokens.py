@@ -17,6 +17,9 @@ byte-level BPE (GPT-2 style): a token may hold part of a character, whose text a
 stream: a token's piece is the text its bytes complete (a character split over tokens arrives with its
 last byte); the pieces always concatenate to ``content`` exactly (text past a left-out stop sequence and
 the final ``<|im_end|>`` give empty pieces).
+
+``StreamPieces`` does the same while the tokens are still being sampled (a live stream): a piece is sent
+as soon as it is sure to begin the final content, and ``close`` gives the rest once the content is known.
 """
 
 from __future__ import annotations
@@ -100,3 +103,76 @@ class TokenText:
             emitted = agree
         out[-1] += content[emitted:]  # whatever the bytes did not reproduce (a non-byte-level decode's cleanup)
         return out
+
+
+class StreamPieces:
+    """One choice's content in pieces, token by token while it is sampled (a live server-sent stream).
+
+    Text is sent only once it is sure to be part of the final content, which rlkit.policy's engine makes by
+    decoding the sampled ids and cutting the text at a stop string: a character split over tokens waits for
+    its last byte, and from the first place where the text could still become a stop string (a whole one, or
+    an end of the text that begins one), everything waits for the end of the completion. ``close(content)``
+    then gives the rest, so the pieces and the rest concatenate to the content exactly.
+
+    token_text: the tokenizer's TokenText; it must be byte-level (``TokenText.byte_level``), whose token bytes
+        concatenate to the tokenizer's decode of the ids. stops: the request's stop strings.
+    end_id: the end-of-turn id (<|im_end|>): its text is no content, and a completion it ends is not cut,
+        so it releases the held-back text.
+
+    Raises: ValueError for a tokenizer that is not byte-level.
+    """
+
+    def __init__(self, token_text: TokenText, stops: Sequence[str], end_id: int) -> None:
+        if not token_text.byte_level:
+            raise ValueError("StreamPieces needs a byte-level tokenizer (its token bytes concatenate to its decode)")
+        self._tt, self._stops, self._end = token_text, tuple(stops), int(end_id)
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text = ""  # the decoded text so far (a character still missing bytes not yet in it)
+        self._sent = 0  # characters of _text given out as pieces
+        self._ended = False
+
+    @property
+    def sent(self) -> str:
+        """The text given out so far."""
+        return self._text[: self._sent]
+
+    def push(self, token_id: int) -> str:
+        """The piece that the sampled ``token_id`` makes sure of ("" when none, or after the end-of-turn id)."""
+        if self._ended:
+            return ""
+        if token_id == self._end:
+            self._text += self._dec.decode(b"", final=True)
+            self._ended = True
+            safe = len(self._text)
+        else:
+            self._text += self._dec.decode(self._tt.raw(token_id))
+            safe = self._safe_end()
+        piece = self._text[self._sent : safe]
+        self._sent = max(self._sent, safe)
+        return piece
+
+    def _safe_end(self) -> int:
+        """Where the text that may still be cut begins: the first stop string found after what was sent, or the
+        longest end of the text that is the start of a stop string; else the text's end. (No stop string can
+        begin before ``_sent``: the text there was held back while it could.)"""
+        text, end = self._text, len(self._text)
+        for stop in self._stops:
+            at = text.find(stop, self._sent)
+            if at >= 0:
+                end = min(end, at)
+            for k in range(min(len(stop) - 1, len(text) - self._sent), 0, -1):
+                if text.endswith(stop[:k]):
+                    end = min(end, len(text) - k)
+                    break
+        return end
+
+    def close(self, content: str) -> str:
+        """The rest of the choice's final ``content`` after the pieces given out.
+
+        Raises: ValueError when the pieces given out are not the start of ``content`` (the tokenizer's decode
+        of the ids is not the concatenation of their bytes: a bug, the stream has sent wrong text).
+        """
+        sent = self.sent
+        if not content.startswith(sent):
+            raise ValueError(f"streamed {sent!r} is not the start of the completion's content {content[:len(sent) + 20]!r}")
+        return content[len(sent):]

@@ -64,6 +64,54 @@ def test_shared_prefill_matches_per_row_prefill(policy):
             assert max(abs(x - y) for x, y in zip(cs.logprobs, cr.logprobs)) < 1e-4
 
 
+@pytest.mark.parametrize("share_prefill", [True, False])
+def test_on_token_sees_every_sampled_token_in_order_and_changes_nothing(policy, share_prefill):
+    """Seeded sampling with 3 prompts x n=3 in chunks of 2 prompts (max_batch_rows=6), a stop string and the
+    end-of-turn token: the callback gets each completion's token ids and logprobs in order, with the prompt and
+    sample index across chunks, and the completions are those of the same seed without a callback."""
+    eng = TransformersEngine(policy, max_batch_rows=6, share_prefill=share_prefill)
+    prompts = _prompts(policy, 3)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, n=3, seed=5)
+    plain = eng.generate(prompts, sp)
+    text = plain[1][2].text
+    sp.stop = (text[4:6],)  # ends that completion early, others may stop on it too
+    plain = eng.generate(prompts, sp)
+    seen: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    watched = eng.generate(prompts, sp, on_token=lambda i, k, t, lp: seen.setdefault((i, k), []).append((t, lp)))
+    assert [[(c.token_ids, c.logprobs, c.text, c.finish_reason, c.stop_reason) for c in g] for g in watched] == \
+        [[(c.token_ids, c.logprobs, c.text, c.finish_reason, c.stop_reason) for c in g] for g in plain]
+    assert sorted(seen) == [(i, k) for i in range(3) for k in range(3)]
+    for i, g in enumerate(watched):
+        for k, c in enumerate(g):
+            assert seen[i, k] == list(zip(c.token_ids, c.logprobs)), (i, k)
+            assert all(type(t) is int and type(lp) is float for t, lp in seen[i, k])
+    assert plain[1][2].stop_reason == sp.stop[0] and len(plain[1][2].token_ids) < 12
+    assert len({len(c.token_ids) for g in plain for c in g}) > 1  # rows really finished at different steps
+
+
+def test_an_exception_in_on_token_ends_generate(policy):
+    """The callback's exception leaves generate at once (the server's way to drop a request whose client left),
+    with the model back in the mode it was in."""
+
+    class Gone(Exception):
+        pass
+
+    eng = make_engine(policy)
+    calls = []
+
+    def stop_after_3(i, k, t, lp):
+        calls.append(t)
+        if len(calls) == 3:
+            raise Gone
+
+    policy.model.train()
+    with pytest.raises(Gone):
+        eng.generate(_prompts(policy, 1), SamplingParams(temperature=0.0, max_new_tokens=20), on_token=stop_after_3)
+    assert len(calls) == 3 and policy.model.training
+    again = eng.generate(_prompts(policy, 1), SamplingParams(temperature=0.0, max_new_tokens=20))
+    assert again[0][0].token_ids[:3] == calls
+
+
 def test_stop_and_length_finish_reasons(policy):
     chat = policy.chat
     # Make <|im_end|> the only likely token after 2 steps: bias the output layer.

@@ -56,16 +56,19 @@ def run_dir(adapters, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(base_dir, adapter_args, api_key=None, dtype=TEST_DTYPE, **limits):
+def serving(base_dir, adapter_args, api_key=None, dtype=TEST_DTYPE, wrap_engine=None, **limits):
     """Serve ``adapter_args`` ("name=path" strings) on ``base_dir`` at 127.0.0.1:<free port> in ``dtype`` (float32
     by default, as the evaluation it is compared with: ``auto`` would be bfloat16 on a CPU with native bf16
-    matmuls, whose results depend on the batch shape); yields the ServerThread (``.url``) and stops it on exit."""
+    matmuls, whose results depend on the batch shape); yields the ServerThread (``.url``) and stops it on exit.
+    wrap_engine: None, or a function of the host's engine returning the engine to serve with."""
     from rlkit.serve.app import ServerSettings, ServerThread, create_app
     from rlkit.serve.models import load_host, parse_adapter_arg
     from rlkit.serve.protocol import ServeLimits
 
     host = load_host({"name": "serve_test", "device": "cpu", "dtype": dtype}, [parse_adapter_arg(a) for a in adapter_args],
                      base=str(base_dir))
+    if wrap_engine is not None:
+        host.engine = wrap_engine(host.engine)
     app = create_app(host, ServerSettings(limits=ServeLimits(**limits), api_key=api_key))
     with ServerThread(app) as srv:
         yield srv

@@ -119,6 +119,29 @@ def test_a_run_composes_with_the_env_it_ran(tmp_path):
     assert compose([]).env.variant == "small"  # no run: today's default
 
 
+def test_a_run_composes_with_the_search_path_it_ran_with(tmp_path):
+    """A run of an experiment from a conf folder outside the clone: Hydra recorded the search path among the hydra
+    overrides (.hydra/hydra.yaml), not the task overrides; the tools compose the run with it."""
+    from omegaconf import OmegaConf
+
+    from rlkit.serve.config import ConfigComposeError, compose, run_overrides
+
+    conf = tmp_path / "my_task" / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "outside.yaml").write_text("# @package _global_\ndefaults:\n  - smoke\n\nsteps: 7\n")
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(["experiment=outside"]), run / ".hydra" / "overrides.yaml")
+    search = f"hydra.searchpath=[file://{conf}]"
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"hydra": [f"hydra.run.dir={run}", search, "hydra.mode=RUN"],
+                                                                "task": ["experiment=outside"]}}}),
+                   run / ".hydra" / "hydra.yaml")
+    assert run_overrides(run) == [search, "experiment=outside"]
+    assert compose([], run_dir=run).steps == 7 and compose(["steps=3"], run_dir=run).steps == 3
+    with pytest.raises(ConfigComposeError, match="outside"):
+        compose(["experiment=outside"])  # what the tools did before: the clone's conf/ alone
+
+
 @pytest.mark.dtype_sensitive
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_every_adapter_serves_its_file_values_whatever_the_base_dtype(base_dir, adapters, dtype):

@@ -138,15 +138,23 @@ def test_raw_responses_validate_against_the_openai_types(server):
     assert all("usage" not in json.loads(d) for d in no_usage[:-1])  # OpenAI sends usage only when asked
 
 
+#: Logprob requests of the streaming tests: top_logprobs (sent once the completion is done, from the teacher-forced
+#: forward), the sampler's logprobs (sent live, token by token) and none (live).
+LOGPROB_KINDS = {"top_logprobs": dict(logprobs=True, top_logprobs=2), "logprobs": dict(logprobs=True), "none": {}}
+
+
+@pytest.mark.parametrize("kind", list(LOGPROB_KINDS))
 @pytest.mark.parametrize("model", ["a", "base"])
-def test_openai_client_streams_the_non_streamed_answer(client, model):
+def test_openai_client_streams_the_non_streamed_answer(client, model, kind):
     """Greedy: the streamed text, finish reason, usage and logprobs are the non-streamed ones (also with a stop
-    sequence, which is left out of both, and with n=2 choices interleaved)."""
-    for extra in ({}, {"stop": None}, {"n": 2}):
-        kw = dict(model=model, messages=MESSAGES, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2, **extra)
-        if "stop" in extra:  # two characters from the middle of the greedy answer
+    sequence, which is left out of both or kept with include_stop_str_in_output, with two stop sequences, and with
+    n=2 choices interleaved)."""
+    for extra in ({}, {"stop": None}, {"stop": None, "extra_body": {"include_stop_str_in_output": True}},
+                  {"stop": None, "n": 2}, {"n": 2}):
+        kw = dict(model=model, messages=MESSAGES, max_tokens=12, temperature=0, **LOGPROB_KINDS[kind], **extra)
+        if "stop" in extra:  # two characters from the middle of the greedy answer (and for n=2 one more stop)
             free = client.chat.completions.create(**{**kw, "stop": None}).choices[0].message.content
-            kw["stop"] = [free[3:5]]
+            kw["stop"] = [free[3:5]] if kw.get("n", 1) == 1 else [free[7:9], free[3:5]]
             assert free[3:5].strip(), free
         once = client.chat.completions.create(**kw)
         stream = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
@@ -159,11 +167,14 @@ def test_openai_client_streams_the_non_streamed_answer(client, model):
             assert mine[-1].finish_reason == once.choices[i].finish_reason and \
                 all(ch.finish_reason is None for ch in mine[:-1])
             got = [e.model_dump() for ch in mine if ch.logprobs for e in ch.logprobs.content]
-            assert got == [e.model_dump() for e in once.choices[i].logprobs.content]
+            assert got == ([e.model_dump() for e in once.choices[i].logprobs.content] if kind != "none" else [])
         assert chunks[-1].usage.completion_tokens == once.usage.completion_tokens
-        assert sum(len(c.logprobs.content) for c in once.choices) == once.usage.completion_tokens
+        if kind != "none":
+            assert sum(len(c.logprobs.content) for c in once.choices) == once.usage.completion_tokens
         if "stop" in extra:
-            assert once.choices[0].finish_reason == "stop" and kw["stop"][0] not in once.choices[0].message.content
+            kept = "extra_body" in extra
+            assert once.choices[0].finish_reason == "stop"
+            assert once.choices[0].message.content.endswith(kw["stop"][-1]) == kept, once.choices[0].message.content
 
 
 def test_openai_stream_helper_accumulates_the_non_streamed_completion(client):

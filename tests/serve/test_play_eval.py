@@ -69,3 +69,33 @@ def test_play_picks_the_only_adapter_and_reports_errors(server, capsys):
     assert play.pick_model(client, None) == "maze"
     rc = play.main(["env=visgym", "--url", f"{server.url}/v1", "--model", "nope", "--num-tasks", "1"])
     assert rc == 1 and "404" in capsys.readouterr().err
+
+
+PLAY_KEY = "play-key-321"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(base_dir, adapters):
+    with serving(base_dir, [f"maze={adapters['a']}"], api_key=PLAY_KEY) as srv:
+        yield srv
+
+
+def test_play_sends_the_api_key_as_a_bearer_token(keyed_server, monkeypatch, capsys):
+    """--api-key KEY (or --api-key-env VAR) reaches a server that requires the key (its middleware accepts only
+    ``Authorization: Bearer KEY``); a wrong or missing key is the server's 401 (exit 1); bad key options exit 2
+    before any request."""
+    play = load_script("play")
+    argv = ["env=visgym", "--url", f"{keyed_server.url}/v1", "--model", "maze", "--num-tasks", "1", "--max-tokens", "4"]
+    assert play.main([*argv, "--api-key", PLAY_KEY]) == 0
+    assert "play success" in capsys.readouterr().out
+    monkeypatch.setenv("RLKIT_PLAY_KEY", PLAY_KEY)
+    assert play.main([*argv, "--api-key-env", "RLKIT_PLAY_KEY"]) == 0
+    for wrong in (["--api-key", PLAY_KEY + "x"], []):
+        capsys.readouterr()
+        assert play.main([*argv, *wrong]) == 1
+        assert "401" in capsys.readouterr().err
+    monkeypatch.setenv("RLKIT_PLAY_EMPTY", "")
+    for bad, why in ((["--api-key", ""], "empty key"), (["--api-key-env", "RLKIT_PLAY_EMPTY"], "unset or empty"),
+                     (["--api-key", PLAY_KEY, "--api-key-env", "RLKIT_PLAY_KEY"], "one way")):
+        assert play.main([*argv, *bad]) == 2
+        assert why in capsys.readouterr().err
