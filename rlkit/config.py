@@ -199,6 +199,10 @@ class SFTConfig:
     # target_success before max_steps ends the stage earlier, at a higher lr)
     lr_schedule: str = "constant"
     target_success: float = 0.45
+    # The stop also needs val success >= the val tasks' answer prior + this (rlkit.evaluation.answer_prior: the best
+    # success one fixed answer reaches on them), so a warm start that learned an answer prior, not to read, trains
+    # on. 0: target_success alone (the rule before issue 75).
+    answer_prior_margin: float = 0.1
     val_tasks: int = 64
     eval_every: int = 25
     seed: int = 1234
@@ -429,6 +433,7 @@ RANGES: dict[str, Range] = {
     "sft.grounding_mix": Range(0, integer=True, note="0 = off"),
     "sft.recovery_share": Range(0, 1, note="0 = off"),
     "sft.target_success": Range(0, 1),
+    "sft.answer_prior_margin": Range(0, 1),
     "sft.val_tasks": Range(1, integer=True),
     "sft.eval_every": Range(1, integer=True),
     "sft.seed": _SEED,

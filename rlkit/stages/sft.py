@@ -7,7 +7,9 @@ with the policy's chat format exactly as a rollout would be; the loss is the cro
 assistant tokens only (loss mask 1), i.e. the mean negative logprob of the demonstrated tokens.
 
 Training stops when the greedy success on ``val_tasks`` held-out training seeds reaches
-``target_success`` (checked every ``eval_every`` steps) or after ``max_steps``. Each check also
+``target_success`` (checked every ``eval_every`` steps), and beats the val tasks' answer prior (the best
+success one fixed answer reaches on them, rlkit.evaluation.answer_prior) by ``answer_prior_margin``, or after
+``max_steps``. Each check also
 records, in ``sft_summary.json``'s history, the teacher-forced fit to those seeds' demonstrations
 (``demonstration_metrics``: loss, token accuracy, first-decision accuracy) and the share of
 distinct greedy answers, which tell a policy that reads its observation from one that learned an
@@ -33,7 +35,7 @@ from rlkit.algorithms.nll import batch_shares_prefix, demonstration_nll
 from rlkit.algorithms.schedules import warmup_schedule
 from rlkit.config import SFTConfig
 from rlkit.demonstrations import demonstration_trajectories
-from rlkit.evaluation import evaluate
+from rlkit.evaluation import answer_prior, evaluate
 from rlkit.rollout import Trajectory
 from rlkit.stages.cache import (
     PARTIAL_EVERY,
@@ -230,6 +232,7 @@ def train_sft(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     val_success, step, history = 0.0, 0, []
     val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
+    val_answers = [list(env_spec.demonstration(s)) for s in val_seeds]  # candidates of the answer prior
     order: list[int] = []
     share = batch_shares_prefix(policy)
     g_sampler = g_rng = None
@@ -284,14 +287,18 @@ def train_sft(
         step += 1
         done = False
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            metrics, _, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
+            metrics, per_task, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
             val_success = metrics["eval/success_rate"]
             fit = demonstration_metrics(policy, val_demos) if val_demos else {}
             history.append({"step": step, "loss": float(loss), "lr": lr, "val_success": val_success,
                             "val_distinct_outputs": metrics["eval/distinct_outputs"],
                             **{f"val_{k}": v for k, v in fit.items()}})
-            log.debug("sft step %d: %s", step, history[-1])
             done = val_success >= cfg.target_success
+            if done and cfg.answer_prior_margin > 0:  # not a stop while one fixed answer would do as well
+                prior, _ = answer_prior(env_spec, val_seeds, [r["actions"] for r in per_task] + val_answers)
+                history[-1]["val_answer_prior"] = prior
+                done = val_success >= prior + cfg.answer_prior_margin
+            log.debug("sft step %d: %s", step, history[-1])
         if progress is not None:  # after the check, so the line shows this step's val success
             progress(step, cfg.max_steps, loss.item(), val_success if history else None)
         if done:
