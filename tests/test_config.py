@@ -114,7 +114,7 @@ def test_recipe_decays_the_tiny_policys_lr_over_300_grpo_steps_on_7x7_only():
     assert (nine.sampling._target_, nine.algorithm.filter_zero_variance_groups) == ("rlkit.sampling.PlainSampling", False)
     assert (nine.tasks_per_step, nine.aux_loss.demo_coef, set(nine.sampling)) == (8, 0.0, {"_target_"})
     assert default.policy.lora.include_vision and not nine.policy.lora.include_vision
-    assert (default.lr, nine.lr) == (2e-3, 1e-3)
+    assert (default.lr, nine.lr) == (2e-5, 1e-5)
     assert (default.algorithm.entropy_coef, nine.algorithm.entropy_coef) == (0.01, 0.0)
     assert (default.sft.grounding_mix, nine.sft.grounding_mix) == (8, 0)  # 9x9 keeps the plain warm start
     assert not _compose(["env=visgym_small", "policy=qwen3_vl_8b"]).policy.lora.include_vision  # tiny policy only
@@ -142,8 +142,8 @@ def test_small_maze_image_is_one_token_per_cell():
 def test_long_demo_experiment_keeps_the_7x7_recipe_and_adds_the_demonstration_loss():
     cfg = _compose(["experiment=long_demo"])
     assert (cfg.steps, cfg.aux_loss.demo_coef, cfg.trainer.eval_interval) == (1200, 0.3, 30)
-    # the recipe's values stay: grounding, lr 2e-3 on a cosine, dynamic sampling, the tower's adapter
-    assert cfg.grounding.enabled is True and cfg.lr == 2e-3 and cfg.optim.lr_schedule == "cosine"
+    # the recipe's values stay: grounding, lr 2e-5 on a cosine, dynamic sampling, the tower's adapter
+    assert cfg.grounding.enabled is True and cfg.lr == 2e-5 and cfg.optim.lr_schedule == "cosine"
     assert cfg.sampling.max_rounds == 3 and cfg.policy.lora.include_vision is True
     # it keeps the 8 tasks a step and plain rounds it was measured with, where the default recipe has 16 and adaptive
     assert (cfg.tasks_per_step, cfg.sampling.adaptive_batch) == (8, False)
@@ -161,9 +161,9 @@ def test_tiny_9x9_experiment_is_the_7x7_recipe_on_visgym_easy():
                 "optim.lr_schedule", "sampling.max_rounds",
                 "sampling.adaptive_batch", "aux_loss.demo_coef", "algorithm.entropy_coef"):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(small, key), key
-    # env=visgym alone keeps its own lighter settings (no grounding, 150 steps of 8 tasks at lr 1e-3)
+    # env=visgym alone keeps its own lighter settings (no grounding, 150 steps of 8 tasks at lr 1e-5)
     plain = _compose(["env=visgym"])
-    assert (plain.grounding.enabled, plain.steps, plain.tasks_per_step, plain.lr) == (False, 150, 8, 1e-3)
+    assert (plain.grounding.enabled, plain.steps, plain.tasks_per_step, plain.lr) == (False, 150, 8, 1e-5)
     assert _compose(["experiment=tiny_9x9", "steps=5"]).steps == 5  # the command line still wins
 
 
@@ -285,7 +285,7 @@ def test_interactive_demo_is_the_7x7_maze_played_one_move_a_turn():
     assert cfg.policy.tiny.image_max_pixels == small.policy.tiny.image_max_pixels == 56 * 56
     assert cfg.sft.start_from_env == "visgym_small" and cfg.sft.recovery_share == 0.5
     assert cfg.env.parser == "keyword"  # the words the plan-mode warm start writes
-    assert cfg.lr == 5e-4 < small.lr and cfg.optim.lr_schedule == small.optim.lr_schedule == "cosine"
+    assert cfg.lr == 5e-6 < small.lr and cfg.optim.lr_schedule == small.optim.lr_schedule == "cosine"
     assert cfg.algorithm.entropy_coef == 0.0 and cfg.sampling._target_ == small.sampling._target_ == "rlkit.sampling.DapoSampling"
     assert cfg.rollout.max_new_tokens < small.rollout.max_new_tokens  # one move a turn, not a route
     assert "native.NativeBackend" in cfg.backend._target_  # one process: the control runs beside it on 2 cores

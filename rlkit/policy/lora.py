@@ -45,7 +45,8 @@ class LoraSettings:
         with dropout the training forward is not the sampling forward).
     target_modules: "all-linear" (language-model linears, see module doc) or a list of module
         names / a regex string, passed to peft as is.
-    include_vision: with "all-linear", also adapt the vision tower's linears (never lm_head).
+    include_vision: with "all-linear", also adapt the vision tower's linears (never lm_head, never the Conv3d patch
+        embedding that shares the leaf name ``proj``: ``excluded_modules``).
     """
 
     enabled: bool = True
@@ -135,6 +136,22 @@ def resolve_target_modules(model: nn.Module, settings: LoraSettings) -> list[str
     return sorted(chosen)
 
 
+def excluded_modules(model: nn.Module, targets: list[str] | str) -> list[str]:
+    """The modules a target list of leaf names would also reach though they are not ``nn.Linear``: for Qwen3-VL with
+    the vision tower's ``proj``, the Conv3d patch embedding ``model.visual.patch_embed.proj``, which vLLM never
+    applies LoRA to (an adapter with it cannot be served or sampled by vLLM). Passed to peft as ``exclude_modules``
+    (full module names), so "all-linear" means linears only, as peft's own "all-linear" does.
+
+    Returns: the full names, sorted; [] for a string (regex) target or when nothing clashes.
+    """
+    if isinstance(targets, str):
+        return []
+    leaves = set(targets)
+    return sorted(name for name, mod in unwrap_model(model).named_modules()
+                  if name and name.rsplit(".", 1)[-1] in leaves and not isinstance(mod, nn.Linear)
+                  and any(True for _ in mod.parameters(recurse=False)))
+
+
 def apply_lora(model: nn.Module, settings: LoraSettings, seed: int = 0):
     """Wrap ``model`` with a fresh LoRA adapter named "default" (peft ``get_peft_model``).
 
@@ -146,11 +163,13 @@ def apply_lora(model: nn.Module, settings: LoraSettings, seed: int = 0):
     from peft import LoraConfig, get_peft_model
 
     settings.validate()
+    targets = resolve_target_modules(model, settings)
     cfg = LoraConfig(
         r=int(settings.rank),
         lora_alpha=float(settings.alpha),
         lora_dropout=float(settings.dropout),
-        target_modules=resolve_target_modules(model, settings),
+        target_modules=targets,
+        exclude_modules=(excluded_modules(model, targets) or None) if settings.target_modules == "all-linear" else None,
         bias="none",
         task_type="CAUSAL_LM",
     )

@@ -194,8 +194,8 @@ class VllmEngine:
         if non_linear:
             raise ValueError(
                 f"rollout.engine=vllm: the policy has LoRA on {non_linear}, which vLLM does not apply (it samples "
-                "without them, silently). Train without them: policy.lora.include_vision=false, or "
-                "policy.lora.target_modules without 'proj' (it also matches the Conv3d visual.patch_embed.proj)")
+                "without them, silently). Train without them: policy.lora.target_modules=all-linear (linears only), or "
+                "a target list without 'proj' (it also matches the Conv3d visual.patch_embed.proj)")
         self.lora_rank = vllm_lora_rank(int(peft_cfg.r)) if peft_cfg is not None else 8
         self.vision_lora = any("visual." in n for n in names)
         self.probe = True if probe is None else bool(probe)

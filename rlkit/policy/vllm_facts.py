@@ -75,9 +75,9 @@ def check_adapter_for_vllm(path) -> None:
     if conv:
         raise ValueError(
             f"adapter {path} has LoRA on {conv}: vLLM does not apply LoRA to the Conv3d patch embedding and "
-            "silently samples without it. Train the adapter without it: policy.lora.include_vision=false "
-            "(language model only), or policy.lora.target_modules without 'proj' (which also matches "
-            "visual.patch_embed.proj), e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
+            "silently samples without it. Train the adapter without it: policy.lora.target_modules=all-linear "
+            "(linears only, with or without policy.lora.include_vision; adapters trained before it excluded the "
+            "Conv3d have it), or a target list without 'proj' (which also matches visual.patch_embed.proj), e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
             "linear_fc1,linear_fc2] to keep the vision tower's other linears; or serve this adapter with rlkit's "
             "engine (scripts/serve.py without --engine vllm)")
 
@@ -93,8 +93,8 @@ VISION_LINEAR_LEAVES = ("qkv", "proj", "linear_fc1", "linear_fc2")
 def patch_embed_targets(target_modules) -> list[str]:
     """The entries of a LoRA target list that peft would match to the Conv3d patch embedding (a whole name or
     a dotted suffix of ``model.visual.patch_embed.proj``, or naming ``patch_embed``); [] for a string target.
-    A string says nothing alone: peft's ``all-linear`` picks linears only, but rlkit's ``all-linear`` with
-    ``policy.lora.include_vision=true`` does adapt the Conv3d (rlkit.recipes.validation checks that case itself)."""
+    A string says nothing alone: peft's ``all-linear`` and rlkit's (with or without ``policy.lora.include_vision``)
+    pick linears only (rlkit.policy.lora.excluded_modules)."""
     if isinstance(target_modules, str):
         return []
     return [str(t) for t in target_modules

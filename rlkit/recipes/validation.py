@@ -53,8 +53,8 @@ def config_problems(cfg: DictConfig) -> list[str]:
 def rollout_engine_problems(cfg: DictConfig) -> list[str]:
     """What ``rollout.engine=vllm`` (rlkit.policy.vllm_engine) cannot sample faithfully, each with its fix: no vLLM
     environment; top-k / top-p (vLLM's logprobs are then of the truncated distribution, the update's old logprobs of
-    the untruncated one); LoRA on the Conv3d patch embedding (vLLM ignores it silently: ``include_vision`` with
-    all-linear adapts it through the leaf name ``proj``); image-size bounds on the policy (vLLM sizes images with the
+    the untruncated one); LoRA on the Conv3d patch embedding (vLLM ignores it silently: a target list naming ``proj`` reaches
+    it); image-size bounds on the policy (vLLM sizes images with the
     checkpoint's processor); a CUDA policy (vLLM's CPU build); a LoRA rank vLLM has no slot for. [] for rlkit's engine."""
     r = cfg.rollout
     if r.get("engine", "rlkit") != "vllm":
@@ -74,12 +74,11 @@ def rollout_engine_problems(cfg: DictConfig) -> list[str]:
     lora = policy.get("lora", {}) or {}
     targets = lora.get("target_modules", "all-linear")
     targets = targets if isinstance(targets, str) else list(targets)
-    conv = (["proj (all-linear with policy.lora.include_vision=true)"]
-            if targets == "all-linear" and lora.get("include_vision", False) else patch_embed_targets(targets))
+    conv = patch_embed_targets(targets)  # all-linear never takes it (rlkit.policy.lora.excluded_modules)
     if conv and lora.get("enabled", True):
         problems.append(f"rollout.engine=vllm: the LoRA targets {conv} adapt the vision tower's Conv3d patch embedding "
-                        "(visual.patch_embed.proj), which vLLM does not apply (it samples without it, silently): set "
-                        "policy.lora.include_vision=false, or list the targets without 'proj', e.g. "
+                        "(visual.patch_embed.proj), which vLLM does not apply (it samples without it, silently): use "
+                        "policy.lora.target_modules=all-linear (linears only), or list the targets without 'proj', e.g. "
                         "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,"
                         "linear_fc1,linear_fc2]; or use rollout.engine=rlkit")
     bounds = [k for k in ("image_min_pixels", "image_max_pixels") if policy.get(k) is not None]

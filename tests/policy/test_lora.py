@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import Qwen3VLForConditionalGeneration
 
 from rlkit.policy import PromptInput, load_adapter_inplace, read_adapter_info
-from rlkit.policy.lora import LoraSettings, resolve_target_modules
+from rlkit.policy.lora import LoraSettings, excluded_modules, resolve_target_modules, unwrap_model
 
 from .conftest import maze_image, perturb_lora
 
@@ -46,6 +46,21 @@ def test_all_linear_targets_language_model_only(make_policy):
     assert all(not p.requires_grad for n, p in policy.model.named_parameters() if "lora_" not in n)
     with_vision = resolve_target_modules(policy.hf_model, LoraSettings(include_vision=True))
     assert {"qkv", "linear_fc1"} <= set(with_vision) and "lm_head" not in with_vision
+
+
+def test_vision_lora_adapts_the_towers_linears_and_never_the_conv3d(make_policy):
+    """include_vision's leaf ``proj`` (the tower's attention output) is also the Conv3d patch embedding's name; that
+    one stays frozen (vLLM never applies LoRA to it), every vision-side linear is adapted."""
+    policy = make_policy(lora={"rank": 4, "alpha": 8, "include_vision": True})
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in policy.model.named_parameters() if ".lora_A." in n}
+    visual_linears = {n.removesuffix(".base_layer") for n, m in unwrap_model(policy.model).named_modules()
+                      if ".visual." in f".{n}" and isinstance(m, torch.nn.Linear) and ".lora_" not in n}
+    assert not any("patch_embed" in n for n in adapted)
+    assert len(visual_linears) == 12  # 2 blocks x (qkv, proj, fc1, fc2), merger and deepstack merger x (fc1, fc2)
+    assert {n.split(".visual.", 1)[1] for n in adapted if ".visual." in n} == {n.split(".visual.", 1)[1] for n in visual_linears}
+    assert any(n.endswith("attn.proj") for n in adapted)  # the linear named proj is adapted
+    assert excluded_modules(policy.hf_model, ["proj", "qkv"]) == ["model.visual.patch_embed.proj"]
+    assert excluded_modules(policy.hf_model, "regex") == []
 
 
 def test_full_finetuning_has_no_adapter(make_policy):

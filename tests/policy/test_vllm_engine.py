@@ -199,5 +199,5 @@ def test_a_missing_interpreter_is_refused_naming_the_setup_script(policy, tmp_pa
 def test_lora_on_the_patch_embedding_is_refused(make_policy, fake):
     python, _, _ = fake
     pol = make_policy(lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "proj"]})
-    with pytest.raises(ValueError, match="include_vision=false"):
+    with pytest.raises(ValueError, match="target_modules=all-linear"):
         VllmEngine(pol, python=python)

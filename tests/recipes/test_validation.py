@@ -169,25 +169,24 @@ def test_rollout_engine_is_one_of_its_choices():
 
 
 def test_rollout_engine_vllm_refuses_what_vllm_cannot_sample_faithfully(monkeypatch, tmp_path):
-    """The default recipe adapts the Conv3d patch embedding (include_vision with all-linear), which vLLM ignores; no
-    .venv-vllm; top-k (vLLM's logprobs would be the truncated distribution's); an image-size override vLLM's
-    processor never sees. Each named with its fix; with the fixes (and an interpreter) nothing is left."""
+    """No .venv-vllm; top-k (vLLM's logprobs would be the truncated distribution's); an image-size override vLLM's
+    processor never sees; a target list naming proj, which reaches the Conv3d patch embedding vLLM ignores. Each
+    named with its fix; with the fixes (and an interpreter) nothing is left, the default recipe's vision LoRA
+    included (all-linear takes linears only: rlkit.policy.lora.excluded_modules)."""
     monkeypatch.setenv("RLKIT_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
-    problems = config_problems(_cfg("rollout.engine=vllm", "rollout.top_k=5", "policy.image_max_pixels=3136"))
+    problems = config_problems(_cfg("rollout.engine=vllm", "rollout.top_k=5", "policy.image_max_pixels=3136",
+                                    "policy.lora.target_modules=[q_proj,proj]"))
     text = " | ".join(problems)
     assert len(problems) == 4, problems
     assert "bash scripts/setup_vllm.sh" in text and str(tmp_path / "missing" / "python") in text
-    assert "policy.lora.include_vision=false" in text and "visual.patch_embed.proj" in text
+    assert "['proj']" in text and "visual.patch_embed.proj" in text and "target_modules=all-linear" in text
     assert "rollout.top_k=0" in text and "policy.image_max_pixels=3136" in text
-    # a target list naming proj adapts the patch embedding too
-    problems = config_problems(_cfg("rollout.engine=vllm", "policy.lora.include_vision=false",
-                                    "policy.lora.target_modules=[q_proj,proj]"))
-    assert any("['proj']" in p for p in problems), problems
 
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n")
     python.chmod(0o755)
     monkeypatch.setenv("RLKIT_VLLM_PYTHON", str(python))
+    assert config_problems(_cfg("rollout.engine=vllm")) == []  # the default recipe: include_vision=true
     assert config_problems(_cfg("rollout.engine=vllm", "policy.lora.include_vision=false")) == []
     assert config_problems(_cfg("rollout.engine=vllm", "policy.lora.include_vision=true",
                                 "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,qkv,linear_fc1]")) == []

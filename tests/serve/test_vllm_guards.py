@@ -87,7 +87,7 @@ def test_serve_engine_vllm_command_and_refusals(tmp_path, capsys):
     base.mkdir()
     rc = serve.main(["--adapter", str(conv.path), "--engine", "vllm", *py, "--base", str(base), "--allow-base-mismatch"])
     err = capsys.readouterr().err
-    assert rc == 2 and "patch_embed" in err and "policy.lora.include_vision=false" in err
+    assert rc == 2 and "patch_embed" in err and "policy.lora.target_modules=all-linear" in err
     assert serve.main(["--adapter", str(vis.path), "--engine", "vllm", *py, "--max-n", "2"]) == 2
     assert "--max-n" in capsys.readouterr().err
     assert serve.main(["--adapter", str(vis.path), "--engine", "vllm", "--vllm-python", str(tmp_path / "nope"),

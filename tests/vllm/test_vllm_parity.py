@@ -188,7 +188,7 @@ def test_probe_passes_for_a_whole_adapter_and_catches_a_dropped_patch_embedding(
     assert probe_llm(llm, prompt[0], expected("base"), "base", allowed=allowed) < BASE_ATOL
 
     # rlkit refuses the patch-embedding adapter before vLLM sees it ...
-    with pytest.raises(ValueError, match="policy.lora.include_vision=false"):
+    with pytest.raises(ValueError, match="policy.lora.target_modules=all-linear"):
         check_adapter_for_vllm(reference["adapters"]["patch_embed"])
     # ... and were it loaded anyway, vLLM would drop the Conv3d LoRA without a word: the probe says so
     with pytest.raises(ProbeMismatch, match="patch_embed|Conv3d|differ"):

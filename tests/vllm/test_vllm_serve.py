@@ -27,8 +27,6 @@ pytest.importorskip("vllm", reason="vllm: needs .venv-vllm (bash scripts/test_vl
 
 ROOT = Path(__file__).resolve().parents[2]
 RLKIT_PYTHON = Path(os.environ.get("RLKIT_REFERENCE_PYTHON", ROOT / ".venv" / "bin" / "python"))
-#: The language model and the vision side without the patch embedding (rlkit.serve.vllm's recommended list).
-TARGETS = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv,linear_fc1,linear_fc2]"
 #: The API key serve.py is started with (--api-key; vLLM gets it as VLLM_API_KEY).
 KEY = "vllm-test-key"
 
@@ -54,9 +52,15 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_serve")
     out = tmp / "run"
     proc = subprocess.run([str(RLKIT_PYTHON), str(ROOT / "train.py"), "experiment=smoke", "logger=console",
-                           f"policy.lora.target_modules={TARGETS}", "policy.dtype=float32", f"hydra.run.dir={out}"],
+                           "policy.dtype=float32", f"hydra.run.dir={out}"],
                           check=False, cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # the default recipe's adapter (all-linear with the vision tower): its linears, not the Conv3d patch embedding
+    from safetensors import safe_open
+
+    with safe_open(str(out / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert any(".visual.blocks." in k for k in keys) and not any("patch_embed" in k for k in keys)
     return out
 
 
