@@ -112,3 +112,21 @@ def test_an_episode_without_system_prompt_is_named_by_the_contract_check():
     assert env_contract_problem(_Bare()) is None
     problem = env_contract_problem(Spec())
     assert problem is not None and "system_prompt" in problem and "rlkit.types.EpisodeEnv" in problem
+
+
+def test_the_fixed_image_control_keeps_the_wrapped_specs_capabilities():
+    """isinstance through the control's wrapper is isinstance on the env (Python 3.12 looks members up statically,
+    past __getattr__: run this in .venv-skyrl too)."""
+    import pickle
+
+    from rlkit.controls import FixedImageEnvSpec
+
+    for spec in (ShapesEnv(), VisGymMaze(), _Bare()):
+        wrapped = FixedImageEnvSpec(spec, 100)
+        for name in (n for n in dir(types) if n.startswith("Supports")):
+            proto = getattr(types, name)
+            assert isinstance(wrapped, proto) == isinstance(spec, proto), (type(spec).__name__, name)
+        assert type(wrapped).__name__ == "FixedImageEnvSpec" and isinstance(wrapped, FixedImageEnvSpec)
+        assert stop_strings({"stop": None}, wrapped) == stop_strings({"stop": None}, spec)
+        again = pickle.loads(pickle.dumps(wrapped))
+        assert type(again) is type(wrapped) and again.image_seed == 100
