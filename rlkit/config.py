@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from rlkit.cache_dir import register_resolver
+from rlkit.types import SupportsStopStrings
 
 
 
@@ -143,9 +144,12 @@ class RolloutConfig:
 
 
 def stop_strings(rollout: Any, env_spec: Any) -> tuple[str, ...]:
-    """The stop strings of a run: ``rollout.stop``, or the env's ``stop_strings`` when that is null."""
+    """The stop strings of a run: ``rollout.stop``, or, when that is null, the env's ``stop_strings``
+    (rlkit.types.SupportsStopStrings; none, ``()``, for an env without them)."""
     stop = rollout.get("stop") if hasattr(rollout, "get") else getattr(rollout, "stop", None)
-    return tuple(getattr(env_spec, "stop_strings", ()) if stop is None else stop)
+    if stop is None:
+        return tuple(env_spec.stop_strings) if isinstance(env_spec, SupportsStopStrings) else ()
+    return tuple(stop)
 
 
 @dataclass

@@ -21,11 +21,13 @@ image" / "shuffled label" baselines); nothing here changes the real run.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from rlkit import types
 from rlkit.types import Observation, StepOutput
 
 #: The values of ``control`` (None: the real run).
@@ -59,13 +61,39 @@ class _FixedImageEnv:
         return self._env.success()
 
 
+#: The members of rlkit.types' optional capabilities (``Supports*``): attributes and methods.
+CAPABILITY_MEMBERS = tuple(dict.fromkeys(
+    name for proto in (getattr(types, n) for n in dir(types) if n.startswith("Supports"))
+    for name in [*getattr(proto, "__annotations__", {}),
+                 *(k for k, v in vars(proto).items() if callable(v) and not k.startswith("_"))]))
+
+
+@functools.lru_cache(maxsize=None)
+def _forwarding(cls: type, names: tuple[str, ...]) -> type:
+    """``cls`` with a property per name that reads it from the wrapped spec: from Python 3.12 on, ``isinstance``
+    with a runtime-checkable protocol looks members up statically (``inspect.getattr_static``), past
+    ``__getattr__``, so a capability forwarded only by ``__getattr__`` would not count."""
+    if not names:
+        return cls
+    props = {n: property(lambda self, n=n: getattr(self._spec, n)) for n in names}
+    return type(cls.__name__, (cls,), {**props, "__qualname__": cls.__qualname__, "__module__": cls.__module__})
+
+
 class FixedImageEnvSpec:
     """An EnvSpec whose envs show one fixed picture: the first observation's images of task
-    ``image_seed`` (a training seed). Task sets, turn budget and everything else are the wrapped spec's.
+    ``image_seed`` (a training seed). Task sets, turn budget and everything else are the wrapped spec's,
+    its optional capabilities (rlkit.types ``Supports*``) included: ``isinstance(wrapper, SupportsX)`` is
+    ``isinstance(spec, SupportsX)``.
 
     Raises: ValueError if the first observation of ``image_seed`` has no image (an env without
     pictures has nothing to hide; use control=shuffled_reward).
     """
+
+    def __new__(cls, spec: Any, image_seed: int) -> FixedImageEnvSpec:
+        return super().__new__(_forwarding(cls, tuple(n for n in CAPABILITY_MEMBERS if hasattr(spec, n))))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the class is built per capability set: pickle by its arguments
+        return FixedImageEnvSpec, (self._spec, self.image_seed)
 
     def __init__(self, spec: Any, image_seed: int) -> None:
         self._spec = spec

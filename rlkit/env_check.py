@@ -22,7 +22,7 @@ from typing import Any
 from PIL import Image
 
 from rlkit.errors import EnvContractError
-from rlkit.types import Observation, StepOutput
+from rlkit.types import EpisodeEnv, Observation, StepOutput
 
 #: Where the contract is written down (the heading's anchor on GitHub).
 CONTRACT_DOC = "docs/adding-an-env.md#1-the-two-required-pieces"
@@ -121,7 +121,10 @@ def env_contract_problem(env_spec: Any, train_seed: int | None = None) -> str | 
     except Exception as e:  # noqa: BLE001
         return f"{cls}: make()/eval_seeds()/is_eval_seed() raised {type(e).__name__}: {_short(str(e), 160)}"
     ep_cls = type(env).__name__
-    prompt = getattr(env, "system_prompt", None)
+    if not isinstance(env, EpisodeEnv):  # the rollout reads system_prompt and calls reset, step, success
+        missing = [m for m in ("system_prompt", "reset", "step", "success") if not hasattr(env, m)]
+        return f"{ep_cls} has no {', '.join(missing)} (rlkit.types.EpisodeEnv; system_prompt None for no system message)"
+    prompt = env.system_prompt
     if prompt is not None and not isinstance(prompt, str):
         return f"{ep_cls}.system_prompt is {type(prompt).__name__}, not str or None"
     seeds = (train_seed, eval_seed)

@@ -74,13 +74,12 @@ class EnvSpec(Protocol):
     eval_set_name: its name for logs and result files.
     is_eval_seed(seed): True if training must never see this seed.
 
-    Optional: stop_strings, a tuple of strings that end a policy turn as soon as its text contains one
-    (the default of ``rollout.stop``; e.g. VisGym's "</answer>" for parsers that read an answer block).
-    Optional: eval_holdout_keys, the env config keys that decide what training holds out of the evaluation set
-    (VisGym: ("holdout",)): a chained warm start's job that evaluates on the same set takes this job's values.
-    Optional capabilities are the ``Supports*`` protocols below: the recipe checks, before any work, that
-    the env has each one its configured stages need (rlkit.recipes.validation.capability_problems), and refuses with a
-    config error naming the capability and the override that avoids it.
+    Optional capabilities are the ``Supports*`` protocols below (stop strings, held-out keys, an action budget,
+    demonstrations, grounding questions, trajectory pictures); the core asks for one only with
+    ``isinstance(spec, SupportsX)`` and otherwise uses the default each protocol documents. The recipe checks,
+    before any work, that the env has each one its configured stages need
+    (rlkit.recipes.validation.capability_problems), and refuses with a config error naming the capability and the
+    override that avoids it.
     """
 
     max_turns: int
@@ -149,6 +148,40 @@ class RewardFn(Protocol):
 
 
 @runtime_checkable
+class SupportsStopStrings(Protocol):
+    """``stop_strings``: a tuple of strings that end a policy turn as soon as its text contains one (e.g. VisGym's
+    "</answer>" for parsers that read an answer block).
+
+    The default of ``rollout.stop`` (rlkit.config.stop_strings); without it a turn ends at the end-of-turn token
+    (no stop strings, ``()``).
+    """
+
+    stop_strings: tuple[str, ...]
+
+
+@runtime_checkable
+class SupportsEvalHoldout(Protocol):
+    """``eval_holdout_keys``: the env config keys that decide what training holds out of the evaluation set
+    (VisGym: ``("holdout",)``).
+
+    A chained warm start's job that evaluates on the same set takes this job's values of those keys
+    (rlkit.stages.warm_start); without it nothing is carried over (``()``).
+    """
+
+    eval_holdout_keys: tuple[str, ...]
+
+
+@runtime_checkable
+class SupportsActionBudget(Protocol):
+    """``action_budget``: the env's own budget of actions per episode (an int; VisGym: moves, which in plan mode
+    are all given in one policy turn), recorded as the run summary's ``action_budget``; without it that is
+    ``max_turns``.
+    """
+
+    action_budget: int
+
+
+@runtime_checkable
 class SupportsDemonstrations(Protocol):
     """A solver: ``demonstration(seed)`` -> the assistant texts of a solved episode on task ``seed``, one per
     policy turn, in the env's own output format (replayed through ``make()`` to encode it).
@@ -185,13 +218,22 @@ class SupportsGroundingQuestions(Protocol):
     optionally, ``wall_bit`` (the question asks one bit) / ``bit_offsets`` (the answer's characters that are bits)
     for per-bit accuracy (rlkit.stages.grounding.encode_example).
 
-    Optional: ``grounding_bits_name``, what accuracy tables call the bits the questions ask (default "bits").
+    Optional: ``grounding_bits_name`` (``SupportsGroundingBitsName``), what accuracy tables call the bits the
+    questions ask (default "bits").
     Needed by the grounding stage (``grounding.enabled=true`` with a tiny policy) and ``sft.grounding_mix > 0``.
     """
 
     grounding_tasks: Any
 
     def grounding_example(self, seed: int, task: str, rng: Any) -> Any: ...
+
+
+@runtime_checkable
+class SupportsGroundingBitsName(Protocol):
+    """``grounding_bits_name``: what the grounding accuracy tables call the bits the questions ask (a str; VisGym:
+    "wall_bits"); without it they say "bits" (rlkit.stages.grounding.bits_name)."""
+
+    grounding_bits_name: str
 
 
 @runtime_checkable

@@ -1,5 +1,6 @@
 """VisGym maze_2d for rlkit: upstream-identical mazes, a gymnasium env, the policy-facing episode
-(interactive or single-turn plan mode), action parsers, the EnvSpec and a skyrl-gym adapter.
+(interactive or single-turn plan mode), action parsers and the EnvSpec (backend=skyrl runs it through rlkit's
+one skyrl-gym adapter over the env protocol, rlkit.backends.skyrl.env_adapter).
 
 Public API:
     generate_maze(seed, size) -> (maze_map, start, goal)     maze.py
@@ -9,7 +10,6 @@ Public API:
     make_parser(name) -> parser with parse(text) -> ParsedAction | None
     MazeEpisode (rlkit.types.EpisodeEnv), VisGymMaze (rlkit.types.EnvSpec, with render_trajectory
         for reports: picture.py), EVAL_SETS
-    register_skyrl() -> registers the skyrl-gym id "rlkit-visgym-maze" (imports skyrl_gym)
 
 What follows upstream VisGym exactly, how the tests check it, and the few deliberate differences:
 envs/visgym/README.md.
@@ -34,19 +34,6 @@ from envs.visgym.parsers import PARSER_NAMES, ParsedAction, make_parser
 from envs.visgym.render import render_array, render_image
 from envs.visgym.spec import EVAL_SETS, EvalSet, VisGymMaze
 
-SKYRL_ENV_ID = "rlkit-visgym-maze"
-
-
-def register_skyrl() -> str:
-    """Register the skyrl-gym adapter under ``SKYRL_ENV_ID`` (idempotent); returns the id.
-
-    Kept out of package import because ``skyrl_gym`` takes ~0.3 s to import.
-    """
-    from envs.visgym.skyrl_env import register
-
-    return register()
-
-
 register_gymnasium()
 
 __all__ = [
@@ -55,7 +42,6 @@ __all__ = [
     "MOVE_DELTAS",
     "MOVE_NAMES",
     "PARSER_NAMES",
-    "SKYRL_ENV_ID",
     "STOP",
     "VARIANT_SIZES",
     "EvalSet",
@@ -70,7 +56,6 @@ __all__ = [
     "make_parser",
     "path_to_moves",
     "register_gymnasium",
-    "register_skyrl",
     "render_array",
     "render_image",
     "render_text",

@@ -18,6 +18,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
+from rlkit.types import SupportsTrajectoryRender
+
 
 @dataclass
 class Replayed:
@@ -46,10 +48,12 @@ def replay(env_spec: Any, seed: int, action_texts: list[str]) -> Replayed:
 
 def trajectory_image(env_spec: Any, seed: int, infos: list[dict[str, Any]], scale: float = 1.0) -> Image.Image | None:
     """The picture of one episode: the env spec's ``render_trajectory(seed, infos)`` when it has
-    one, else the episode's first observation image; RGB, scaled by ``scale`` (nearest neighbour).
-    None when the env offers no image at all."""
-    own = getattr(env_spec, "render_trajectory", None)
-    img = own(seed, infos) if callable(own) else _first_image(env_spec, seed)
+    one (rlkit.types.SupportsTrajectoryRender), else the episode's first observation image; RGB, scaled by
+    ``scale`` (nearest neighbour). None when the env offers no image at all."""
+    if isinstance(env_spec, SupportsTrajectoryRender):
+        img = env_spec.render_trajectory(seed, infos)
+    else:
+        img = _first_image(env_spec, seed)
     if img is None:
         return None
     img = img.convert("RGB")

@@ -72,7 +72,7 @@ def prompt_fingerprint(env_spec: EnvSpec, recovery: bool = False) -> str:
                             "set sft.recovery_share=0")
         answers = [*answers, *(f"{text}\t{int(imitate)}" for text, imitate in
                                env_spec.recovery_demonstration(seed, np.random.default_rng(0)))]
-    text = "\n".join([getattr(env, "system_prompt", None) or "", getattr(obs, "text", ""), *answers])
+    text = "\n".join([env.system_prompt or "", obs.text, *answers])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -41,7 +41,7 @@ from rlkit.stages.cache import (
     save_stage,
 )
 from rlkit.tasks import TaskSampler
-from rlkit.types import Episode, SupportsGroundingQuestions
+from rlkit.types import Episode, SupportsGroundingBitsName, SupportsGroundingQuestions
 
 #: What a grounding build's saved progress holds (rlkit.stages.cache.load_partial refuses a save without one of them).
 _GROUNDING_PARTIAL_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "sampler", "rng", "step", "history",
@@ -54,8 +54,8 @@ BITS = "bits"
 
 def bits_name(env_spec: Any) -> str:
     """What the env calls the bits its grounding questions ask, as its accuracy tables name them (VisGym:
-    "wall_bits"); ``BITS`` when it does not say."""
-    return str(getattr(env_spec, "grounding_bits_name", BITS))
+    "wall_bits", rlkit.types.SupportsGroundingBitsName); ``BITS`` when it does not say."""
+    return str(env_spec.grounding_bits_name) if isinstance(env_spec, SupportsGroundingBitsName) else BITS
 
 
 @dataclass

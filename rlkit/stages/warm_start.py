@@ -36,7 +36,7 @@ from rlkit.plugins import compose_train, instantiate_plugin
 from rlkit.stages.cache import FileLock, cache_key_inputs, cache_key_of, partial_dir, prompt_fingerprint
 from rlkit.stages.grounding import format_table, grounding_tasks, train_grounding
 from rlkit.stages.sft import longest_demonstration, sft_stage_config, sft_stage_configs, train_sft
-from rlkit.types import SupportsGroundingQuestions
+from rlkit.types import SupportsEvalHoldout, SupportsGroundingQuestions
 
 
 @dataclass
@@ -161,8 +161,9 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
     """
     chain, plan = [job], [job]
     outer = job
-    keys = tuple(getattr(outer.env_spec, "eval_holdout_keys", ()))  # what decides the held-out set (rlkit.types)
-    holdout = (getattr(outer.env_spec, "eval_set_name", None), {k: outer.cfg.env.get(k) for k in keys})
+    # what decides the held-out set (rlkit.types.SupportsEvalHoldout; nothing for an env without it)
+    keys = tuple(outer.env_spec.eval_holdout_keys) if isinstance(outer.env_spec, SupportsEvalHoldout) else ()
+    holdout = (outer.env_spec.eval_set_name, {k: outer.cfg.env.get(k) for k in keys})
     names: list[str] = []
     while chain[-1].start_from:
         inner, source = chain[-1], chain[-1].start_from
@@ -175,7 +176,7 @@ def plan_warm_start(job: WarmStartJob, validate: Any, say: Any) -> list[WarmStar
         other = compose_train([source])
         other_spec = instantiate_plugin(other.env, "env")
         differ = {k: v for k, v in holdout[1].items() if other.env.get(k) != v}
-        if holdout[0] is not None and getattr(other_spec, "eval_set_name", None) == holdout[0] and differ:
+        if holdout[0] is not None and other_spec.eval_set_name == holdout[0] and differ:
             with open_dict(other):
                 for k, v in differ.items():
                     other.env[k] = v
@@ -374,8 +375,10 @@ def _sft_stage(job: WarmStartJob, out_dir: Path, base_path: str | None, sft_cfg:
                                 n=1, seed=0, stop=job.stop)
         if sft_cfg.grounding_mix > 0 and isinstance(job.env_spec, SupportsGroundingQuestions):
             tasks = grounding_task_list(job)
-        else:  # no questions mixed in (train_sft refuses a mix on an env without them, naming the fix)
-            tasks = list(getattr(job.env_spec, "grounding_tasks", ()))
+        elif isinstance(job.env_spec, SupportsGroundingQuestions):  # offered, none mixed in
+            tasks = list(job.env_spec.grounding_tasks)
+        else:  # no questions (train_sft refuses a mix on an env without them, naming the fix)
+            tasks = []
         summary = train_sft(job.env_spec, base, engine, sft_cfg, greedy, out_dir, progress=progress.sft,
                             grounding_tasks=tasks, build=build,
                             on_resume=lambda step: progress.say(f"SFT warm start{label}: resuming the stopped build at "

@@ -3,7 +3,7 @@
 What is real here: SkyRL's ``SkyRLVLMGymGenerator`` (its multi-turn agent loop, token bookkeeping, rewards
 and metrics), ``PromptDataset`` (the ``datasets`` library reading rlkit's JSON-lines rows),
 ``prepare_generator_input``, ``evaluate`` and its eval dumps, ``SkyRLTrainConfig`` and the entry point;
-rlkit's compiled config, datasets, ``rlkit-rewarded`` env, VisGym adapter and reward; the tiny Qwen3-VL
+rlkit's compiled config, datasets, ``rlkit-rewarded`` env, env adapter (``rlkit-env``) and reward; the tiny Qwen3-VL
 checkpoint's tokenizer, chat template and image processor.
 
 What stands in for vLLM (which cannot run here):

@@ -3,9 +3,9 @@
 The path is the trainer's: rlkit compiles experiment=hyperpod_visgym and writes its datasets; SkyRL's
 ``PromptDataset`` reads them, ``prepare_generator_input`` makes G samples per task with the vLLM sampling
 params SkyRL derives from the compiled config, and ``SkyRLVLMGymGenerator.generate`` runs the episodes
-through skyrl-gym (``rlkit-rewarded`` -> ``rlkit-visgym-maze``) against a scripted inference client
-(conftest.py). The restated loop of tests/backends/test_skyrl_gym_env.py is run on the same rows and must
-agree with SkyRL's on rewards, metrics and the conversation the model saw.
+through skyrl-gym (``rlkit-rewarded`` -> ``rlkit-env``, the one adapter over the env protocol) against a
+scripted inference client (conftest.py). The restated loop of tests/backends/test_skyrl_gym_env.py is run on
+the same rows and must agree with SkyRL's on rewards, metrics and the conversation the model saw.
 """
 
 from __future__ import annotations

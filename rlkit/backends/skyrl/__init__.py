@@ -4,7 +4,8 @@
     compile.py    composed rlkit config -> SkyRL config overrides + task datasets (pure; SkyRLConfigError)
     schema.py     validation with SkyRL's own config classes (skyrl.train.config)
     data.py       the task datasets in SkyRL's prompt-dataset format (JSON lines, one row per seed)
-    gym_env.py    rlkit-rewarded: the env package's skyrl-gym adapter scored by the rlkit reward
+    env_adapter.py rlkit-env: any rlkit EnvSpec as a skyrl-gym env (one adapter over rlkit.types' protocol)
+    gym_env.py    rlkit-rewarded: the rlkit-env episode scored by the rlkit reward
     entrypoint.py SkyRL's main_base flow plus rlkit's env registration (python -m ...)
     backend.py    SkyRLBackend, the ``_target_`` of conf/backend/skyrl.yaml
 
@@ -16,20 +17,20 @@ from rlkit.backends.skyrl.compile import (
     REWARDED_ENV_ID,
     SKYRL_VERSION,
     SkyRLConfigError,
+    SPEC_ENV_ID,
     SkyRLJob,
     compile_job,
-    find_skyrl_adapter,
 )
 from rlkit.backends.skyrl.settings import SkyRLSettings
 
 __all__ = [
     "REWARDED_ENV_ID",
     "SKYRL_VERSION",
+    "SPEC_ENV_ID",
     "SkyRLBackend",
     "SkyRLConfigError",
     "SkyRLJob",
     "SkyRLSettings",
     "compile_job",
-    "find_skyrl_adapter",
     "read_eval_success",
 ]

@@ -35,12 +35,11 @@ Options SkyRL cannot honour raise ``SkyRLConfigError`` naming every such option 
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -68,6 +67,10 @@ ENTRYPOINT_MODULE = "rlkit.backends.skyrl.entrypoint"
 REWARDED_ENV_ID = "rlkit-rewarded"
 #: Dataset column that carries the task spec (env adapter, env kwargs, reward) as a JSON string.
 TASK_KEY = "rlkit_task"
+#: skyrl-gym id of the one adapter over rlkit's env protocol (rlkit.backends.skyrl.env_adapter), and the
+#: "module:function" that registers it (named here so that compiling imports nothing of skyrl-gym).
+SPEC_ENV_ID = "rlkit-env"
+ADAPTER_REGISTER = "rlkit.backends.skyrl.env_adapter:register"
 #: SkyRL's GRPO adds this fixed epsilon to the group std (compute_grpo_outcome_advantage).
 SKYRL_GRPO_EPS = 1e-6
 
@@ -94,8 +97,8 @@ class SkyRLJob:
         unspecified keys keep SkyRL's defaults.
     env_vars: set in the Ray task before SkyRL starts (W&B entity/group/mode).
     train_seeds / eval_seeds: task seeds of the training and evaluation datasets.
-    task: the per-row task spec (``register`` "module:function" of the env's skyrl-gym adapter,
-        ``env_id``, ``env`` kwargs, ``reward`` node with ``_target_``).
+    task: the per-row task spec (``register`` "module:function" of the skyrl-gym adapter, ``env_id``,
+        ``target`` the env's ``_target_``, ``env`` its kwargs, ``reward`` node with ``_target_``).
     eval_set_name: the env's evaluation set (the eval rows' ``data_source``).
     run_dir: the run's folder on the shared filesystem.
     """
@@ -474,43 +477,17 @@ def _target(node: Any) -> str:
     return str(OmegaConf.select(node, "_target_", default="") or "")
 
 
-def find_skyrl_adapter(env_target: str) -> Callable[[], str]:
-    """The ``register_skyrl()`` function of the env's package (walking up from ``env_target``'s module).
-
-    Convention: an env package that supports backend=skyrl exposes ``register_skyrl() -> env id``;
-    the registered skyrl-gym env takes ``env_config`` = the env group's constructor kwargs and the
-    task seed in ``extras["seed"]``, and offers ``episode() -> rlkit.types.Episode``.
-
-    Raises: SkyRLConfigError when no package on the path has one.
-    """
-    parts = env_target.split(".")[:-1]
-    while parts:
-        module_name = ".".join(parts)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            module = None
-        fn = getattr(module, "register_skyrl", None) if module is not None else None
-        if callable(fn):
-            return fn
-        parts.pop()
-    raise SkyRLConfigError(
-        f"env._target_={env_target}: no skyrl-gym adapter found (its package must expose register_skyrl() -> "
-        "env id, like envs/visgym/__init__.py)"
-    )
-
-
 def _env_and_reward(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The env spec and the rows' task spec: every env runs through the one adapter over rlkit's env protocol
+    (rlkit.backends.skyrl.env_adapter, ``rlkit-env``), built in the Ray job from ``target`` + ``env``."""
     env_spec = instantiate_plugin(cfg.env, "env")
     instantiate_reward(cfg.reward)  # fail here, not in the Ray job, on a bad reward config
-    env_target = _target(cfg.env)
-    register = find_skyrl_adapter(env_target)
-    env_id = register()
     env_kwargs = OmegaConf.to_container(cfg.env, resolve=True)
     env_kwargs.pop("_target_", None)
     task = {
-        "register": f"{register.__module__}:{register.__name__}",
-        "env_id": env_id,
+        "register": ADAPTER_REGISTER,
+        "env_id": SPEC_ENV_ID,
+        "target": _target(cfg.env),
         "env": env_kwargs,
         "reward": OmegaConf.to_container(cfg.reward, resolve=True),
     }

@@ -11,8 +11,8 @@ One row per task seed (JSON lines, one file each for training and evaluation):
      "env_class": "rlkit-rewarded",
      "data_source": "visgym_easy_64",        # the eval set's name; "<name>_train" for training rows
      "seed": 17,
-     "rlkit_task": "{\"register\": \"envs.visgym:register_skyrl\", \"env_id\": ..., \"env\": {...},
-                     \"reward\": {\"_target_\": ...}}"}
+     "rlkit_task": "{\"register\": \"rlkit.backends.skyrl.env_adapter:register\", \"env_id\": \"rlkit-env\",
+                     \"target\": \"envs.visgym.VisGymMaze\", \"env\": {...}, \"reward\": {\"_target_\": ...}}"}
 
 The prompt is a placeholder: the env's ``init`` replaces it with its own messages (instructions and
 the task image, which depends on the seed). Files are written atomically (temp file + rename), so a

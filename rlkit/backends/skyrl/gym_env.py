@@ -1,4 +1,4 @@
-"""rlkit's skyrl-gym env: an env package's skyrl-gym adapter, scored by the configured rlkit reward.
+"""rlkit's skyrl-gym env: the env's episode (rlkit.backends.skyrl.env_adapter), scored by the configured rlkit reward.
 
 SkyRL's generators (``SkyRLGymGenerator.agent_loop``, ``SkyRLVLMGymGenerator.agent_loop``) create one
 env per trajectory with ``skyrl_gym.make(env_class, env_config=..., extras=<dataset row>)``, call
@@ -7,9 +7,9 @@ put on the last token of that turn and GRPO sums them per trajectory. ``get_metr
 per episode and averaged into ``environment/<key>`` (``eval/all/environment/<key>`` in evaluation).
 
 ``RewardedEnv`` (registered as ``rlkit-rewarded``) reads the task spec from the row's
-``rlkit_task`` column (a JSON string: ``register`` "module:function" of the env package's adapter,
-``env_id``, ``env`` kwargs, ``reward`` node with ``_target_``), builds the adapter with
-``skyrl_gym.make(env_id, env_config=env, extras=row)`` and forwards ``init``/``step``. Intermediate
+``rlkit_task`` column (a JSON string: ``register`` "module:function" of the adapter (``rlkit-env``, over any rlkit
+EnvSpec), ``env_id``, ``target`` the env's ``_target_``, ``env`` its kwargs, ``reward`` node with ``_target_``),
+builds the adapter with ``skyrl_gym.make(env_id, env_config={"_target_": target, **env}, extras=row)`` and forwards ``init``/``step``. Intermediate
 steps get reward 0; the step that ends the episode gets ``reward(adapter.episode()).total``, so the
 trajectory's return is exactly the rlkit reward of the episode (the env's own per-step rewards are
 kept in the step metadata as ``env_reward``). Metrics: the adapter's (e.g. ``success``) plus
@@ -80,7 +80,8 @@ class RewardedEnv(BaseTextEnv):
         spec = _task(str(extras[TASK_KEY]))
         self.reward_name = str(spec["reward"].get("_target_", "reward"))
         self._reward_json = json.dumps(spec["reward"], sort_keys=True)
-        self.inner = skyrl_gym.make(spec["env_id"], env_config=spec["env"], extras=extras)
+        self.inner = skyrl_gym.make(spec["env_id"], env_config={"_target_": spec["target"], **spec["env"]},
+                                    extras=extras)
         if not callable(getattr(self.inner, "episode", None)):
             raise ValueError(
                 f"{REWARDED_ENV_ID}: the adapter {spec['env_id']!r} has no episode() -> rlkit.types.Episode, "
