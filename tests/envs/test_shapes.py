@@ -171,7 +171,7 @@ def test_the_main_job_composes_the_shapes_env_its_image_size_and_recipe():
     assert cfg.grounding.enabled is False  # no grounding questions in this env
     # conf/recipe/tiny_vl_shapes.yaml: a 60-step format-only warm start, then the maze's GRPO settings
     assert (cfg.sft.target_success, cfg.sft.max_steps, cfg.rollout.max_new_tokens, cfg.rollout.temperature) == (1.0, 60, 16, 0.7)
-    assert (cfg.steps, cfg.lr, cfg.optim.lr_schedule, cfg.tasks_per_step) == (120, 2e-3, "cosine", 16)
+    assert (cfg.steps, cfg.lr, cfg.optim.lr_schedule, cfg.tasks_per_step) == (120, 2e-5, "cosine", 16)
     assert (cfg.sampling._target_, cfg.algorithm.filter_zero_variance_groups, cfg.algorithm.entropy_coef) == (
         "rlkit.sampling.DapoSampling", True, 0.01)
     assert cfg.reward._target_ == "rewards.ExactAnswer"
