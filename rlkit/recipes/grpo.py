@@ -48,7 +48,7 @@ from rlkit.plugins import resolve_policy_dtype, to_dataclass
 from rlkit.policy import SamplingParams
 from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
-from rlkit.recipes.heal import healed, start_worker_group
+from rlkit.recipes.heal import SentOnce, healed, start_worker_group
 from rlkit.recipes.pipeline import StepPipeline
 from rlkit.recipes.threads import build_threads
 from rlkit.recipes.validation import check_config, check_run
@@ -79,7 +79,7 @@ class GRPORecipe:
         self.progress = Progress(quiet=self.trainer.quiet)
         self.state = resume.RunState()
         self.pipeline = StepPipeline(executor, cfg.steps, self.trainer.ckpt_interval, self.progress)
-        self._rows = self._rows_sent = 0  # metrics rows written / sent to the logger (a healed run sends each once)
+        self.rows = SentOnce(self.metrics_file)  # each row sent to the logger once, a healed run's replay included
         self._step = 0  # the step in progress
 
     # ------------------------------------------------------------------ setup
@@ -194,7 +194,7 @@ class GRPORecipe:
             return
         changes = resume.check_same_experiment(path, self.cfg, self.out, self.ckpt_root)
         self._load(path)
-        self._rows_sent = self._rows
+        self.rows.sent = self.rows.written
         self.progress.say(f"resuming from {path} at step {self.state.step}")
         resume.apply_resume_changes(changes, self.cfg.lr, self.executor.optimizer, self.scheduler, self.out, path,
                                     self.state.step, self.progress.say)
@@ -271,11 +271,7 @@ class GRPORecipe:
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         """A row to metrics.jsonl and, unless a healed run is replaying rows it already sent, to the logger."""
-        self.metrics_file.write(metrics, step)
-        self._rows += 1
-        if self._rows > self._rows_sent:
-            self.logger.log(metrics, step)
-            self._rows_sent = self._rows
+        self.rows.log(self.logger, metrics, step)
 
     def train(self) -> dict[str, float]:
         """The evaluation before training, the loop from the resumed step to ``steps`` and the final evaluation,
@@ -314,8 +310,7 @@ class GRPORecipe:
                                                   scheduler=self.scheduler, shuffle_gen=self.shuffle_gen,
                                                   sampler=self.tasks)
         self.sampler.load_state_dict(meta)
-        self._rows = meta.get("metrics_lines", 0)
-        self.metrics_file.truncate_lines(self._rows)
+        self.rows.rewind(meta.get("metrics_lines", 0))
 
     def _train_loop(self) -> dict[str, float]:
         """The steps from ``state.step`` + 1 to ``steps``; the final checkpoint, evaluation and export."""

@@ -147,6 +147,31 @@ def healed(run: Callable[[], T], heal: Callable[[Path], None], executor: Any, ck
             heal_from = path
 
 
+class SentOnce:
+    """A run's metrics rows, each written to metrics.jsonl and sent to the logger once: a healed run replays the
+    steps after its checkpoint and writes their rows again (``rewind`` cut the file back), but sends only the rows
+    past those already sent; a resumed run's logger matched its history to the file first (``sent = written``).
+
+    ``written``: rows in metrics.jsonl; ``sent``: rows the logger has."""
+
+    def __init__(self, metrics_file: Any):
+        self.file = metrics_file
+        self.written = self.sent = 0
+
+    def log(self, logger: Any, metrics: dict[str, float], step: int) -> None:
+        """A row to metrics.jsonl and, unless it replays one already sent, to ``logger``."""
+        self.file.write(metrics, step)
+        self.written += 1
+        if self.written > self.sent:
+            logger.log(metrics, step)
+            self.sent = self.written
+
+    def rewind(self, lines: int) -> None:
+        """metrics.jsonl cut back to its first ``lines`` rows (a checkpoint's), the rows after them to be replayed."""
+        self.written = lines
+        self.file.truncate_lines(lines)
+
+
 def start_worker_group(executor: Any, ctx: Any, wait_s: float, say: Callable[[str], Any], poll_s: float = 10.0) -> None:
     """Start a new worker group on ``executor`` (``executor.start(ctx, wait_s=...)``), waiting up to ``wait_s``
     seconds in all (``trainer.restart_wait_s``) for its resources, as a replacement node still joining needs: each
