@@ -123,19 +123,11 @@ def build_model(model_dir: Path) -> Path:
 def rlkit_worker(args) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     import rlkit.config  # noqa: F401  (registers the typed schema conf/train.yaml builds on)
-    from rlkit.algorithms.schedules import make_scheduler
-    from rlkit.config import AuxLossConfig
-    from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
-    from rlkit.policy import SamplingParams
-    from rlkit.recipes.common import seed_everything as _seed_everything
-    from rlkit.recipes.executor import ExecutorContext
     from rlkit.recipes.grpo import GRPORecipe
     from rlkit.recipes.local import LocalExecutor
-    from rlkit.sampling import StepSampler, sampling_strategy
-    from rlkit.tasks import TaskSampler
+    from rlkit.recipes.validation import check_run
 
     torch.set_num_threads(1)
     wl = workload(args)
@@ -157,31 +149,19 @@ def rlkit_worker(args) -> dict:
             run.last_batch = (trajs, advantages)
             return super().start_update(step, trajs, advantages, aux_terms, generator)
 
-    # the recipe with setup() cut to what train_step reads (no warm start, logger, eval or checkpoints)
+    # the recipe's own setup steps, cut to what train_step reads (no warm start: the executor starts on the
+    # checkpoint built above; no logger, evaluation, checkpoints or resume)
     executor = BenchExecutor()
     run = GRPORecipe(cfg, executor)
-    torch.set_num_threads(1)
-    _seed_everything(cfg.seed)
-    run.env_spec = instantiate_plugin(cfg.env, "env")
-    run.reward_fn = instantiate_reward(cfg.reward)
-    rc = run.rollout_cfg
+    run._setup_runtime()  # trainer.num_threads=1, seeds
+    checked = check_run(cfg, executor.problems(cfg))  # the recipe's validation pass; the env, reward, stop strings
+    run.env_spec, run.reward_fn, run.stop = checked.env_spec, checked.reward_fn, checked.stop
     t_load = time.perf_counter()
-    executor.start(ExecutorContext(  # policy (LoRA), engine, AdamW, as the recipe's setup does
-        policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=str(args.model_dir),
-        env_spec=run.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=run.algo, optim=run.optim,
-        lr=float(cfg.lr), temperature=rc.temperature if rc.temperature > 0 else 1.0, reuse_kv_cache=rc.reuse_kv_cache,
-        fixed_image_seed=None, deterministic=False, progress=run.progress))
-    run.scheduler = make_scheduler(executor.optimizer, run.optim, cfg.steps)
+    run._setup_executor(str(args.model_dir))  # policy (LoRA), engine, AdamW
+    run.scheduler = run._setup_lr_scheduler()
     load_s = time.perf_counter() - t_load
-    run.sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
-                                  max_new_tokens=rc.max_new_tokens, n=1, seed=cfg.seed)
-    run.tasks = TaskSampler(cfg.seed, run.env_spec.is_eval_seed)
-    run.aux = to_dataclass(cfg.aux_loss, AuxLossConfig)
-    run.sampler = StepSampler(rollout=executor.rollout, reward_fn=run.reward_fn, tasks=run.tasks,
-                              demonstrations=executor.demonstrations, sampling=sampling_strategy(cfg.sampling),
-                              aux=run.aux, algo=run.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step,
-                              seed=cfg.seed, steps=cfg.steps, base_sampling=run.sampling, control=None,
-                              progress=run.progress)
+    run.sampling, run.greedy = run._setup_sampling_params()
+    run.sampler = run._setup_sampler()
     run.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
     prof = _Breakdown(executor)
 

@@ -57,9 +57,9 @@ class AdapterHolder(Protocol):
 
 
 class Executor(Protocol):
-    """Where a GRPO run's work runs (module doc): everything rlkit.recipes.grpo.GRPORecipe and rlkit.recipes.heal
-    call on it, no more (tests/recipes/test_executor_contract.py checks both executors against it, and the recipe
-    against it). An executor with nothing to do for a member implements it as a no-op.
+    """Where a GRPO run's work runs (module doc): everything rlkit.recipes.grpo.GRPORecipe, rlkit.recipes.heal and
+    rlkit.recipes.pipeline call on it, no more (tests/recipes/test_executor_contract.py checks both executors
+    against it, and the recipe against it). An executor with nothing to do for a member implements it as a no-op.
 
     After ``start``: ``policy`` (save_adapter / load_adapter), ``optimizer`` (the one checkpoints hold; its lr is
     the scheduler's), ``tokenizer`` (the policy's, or, for an executor that holds no policy in this process, the

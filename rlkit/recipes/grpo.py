@@ -1,14 +1,15 @@
 """The GRPO recipe: setup -> train -> cleanup, in the shape of torchtune's recipes.
 
-One GRPO step (docs/architecture.md) reads as the algorithm: sample B tasks and G rollouts of each, score
-them, compute group advantages (rlkit.sampling), update the policy with the clipped policy-gradient loss plus
-the configured auxiliary terms (rlkit.update / rlkit.distributed.update), publish the adapter (the executor),
+One GRPO step (docs/architecture.md) reads as the algorithm (``train_step``): sample B tasks and G rollouts of
+each and score them (rlkit.sampling), compute group advantages (``_advantages``), update the policy with the
+clipped policy-gradient loss plus the configured auxiliary terms (rlkit.update / rlkit.distributed.update; a
+pipelined executor samples the next step meanwhile, rlkit.recipes.pipeline), publish the adapter (the executor),
 evaluate every ``trainer.eval_interval`` steps, checkpoint every ``trainer.ckpt_interval`` steps, log.
 
 Where the work runs is the executor's business (rlkit.recipes.executor): ``LocalExecutor`` in this process,
 ``RayExecutor`` on Ray actors; the recipe holds one and never asks which. The one-time builds (grounding stage,
 SFT warm start) are rlkit.stages.warm_start's; resume is rlkit.resume's; what is refused before any work is
-rlkit.recipes.validation's.
+rlkit.recipes.validation's (one pass, ``check_run``); healing a lost worker is rlkit.recipes.heal's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlkit import checkpoint as ckpt
 from rlkit import resume
+from rlkit.algorithms.grpo import group_advantages
 from rlkit.algorithms.nll import AuxTerm
 from rlkit.algorithms.schedules import make_scheduler
 from rlkit.config import (
@@ -35,26 +37,24 @@ from rlkit.config import (
     OptimConfig,
     RolloutConfig,
     TrainerConfig,
-    stop_strings,
 )
 from rlkit.console import Progress
-from rlkit.controls import FixedImageEnvSpec, fixed_image_seed
-from rlkit.errors import ConfigError
-from rlkit.evaluation import task_sets, write_outcomes
+from rlkit.controls import FixedImageEnvSpec, fixed_image_seed, shuffle_rewards
+from rlkit.evaluation import write_outcomes
 from rlkit.faults import maybe_crash
 from rlkit.hardware import cpu_record
 from rlkit.loggers import MetricsFile
-from rlkit.metrics_export import with_cluster_metrics
-from rlkit.plugins import instantiate_plugin, instantiate_reward, resolve_policy_dtype, to_dataclass
+from rlkit.plugins import resolve_policy_dtype, to_dataclass
 from rlkit.policy import SamplingParams
 from rlkit.recipes.common import run_name, seed_everything, sweep_group
 from rlkit.recipes.executor import Executor, ExecutorContext
-from rlkit.recipes.heal import WorkerLostError, lost_worker_or_raise, start_worker_group
+from rlkit.recipes.heal import SentOnce, healed, start_worker_group
+from rlkit.recipes.pipeline import StepPipeline
 from rlkit.recipes.threads import build_threads
-from rlkit.recipes.validation import capability_problems, check_config, check_env
+from rlkit.recipes.validation import check_config, check_run
 from rlkit.report.episodes import SAMPLE_COLUMNS, sample_rows
 from rlkit.run_folder import accept_run_config
-from rlkit.sampling import SampledBatch, StepSampler, sampling_strategy
+from rlkit.sampling import StepSampler, sampling_strategy
 from rlkit.stages import warm_start as ws
 from rlkit.tasks import training_sampler
 
@@ -72,93 +72,115 @@ class GRPORecipe:
         self.rollout_cfg: RolloutConfig = to_dataclass(cfg.rollout, RolloutConfig)
         self.trainer: TrainerConfig = to_dataclass(cfg.trainer, TrainerConfig)
         self.eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
+        self.aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
         self.out = Path(cfg.paths.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.metrics_file = MetricsFile(self.out / "metrics.jsonl")
         self.progress = Progress(quiet=self.trainer.quiet)
         self.state = resume.RunState()
-        self._prefetched: SampledBatch | None = None  # a pipelined executor's next batch
-        self._rows = self._rows_sent = 0  # metrics rows written / sent to the logger (a healed run sends each once)
+        self.pipeline = StepPipeline(executor, cfg.steps, self.trainer.ckpt_interval, self.progress)
+        self.rows = SentOnce(self.metrics_file)  # each row sent to the logger once, a healed run's replay included
         self._step = 0  # the step in progress
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        """Check everything, build the warm start, start the executor, resume or start fresh, start the logger."""
-        cfg = self.cfg
+        """Check everything in one pass (one ConfigError naming every problem: rlkit.recipes.validation.check_run),
+        then build, each ``_setup_*`` step one component: the warm start, the executor, the LR schedule, the
+        sampling settings, the step sampler; resume or start fresh; start the logger."""
+        cfg, tr = self.cfg, self.trainer
+        threads = self._setup_runtime()
+        checked = check_run(cfg, self.executor.problems(cfg))
+        self.env_spec, self.reward_fn, self.logger = checked.env_spec, checked.reward_fn, checked.logger
+        self.eval_seeds, self.seen_seeds, self.stop = checked.eval_seeds, checked.seen_seeds, checked.stop
+        resume_from = resume.resume_path(tr.resume_mode, self.ckpt_root, tr.resume_path, tr.overwrite)
+        if resume_from is not None:  # refuse a changed experiment before minutes of warm start, not after
+            resume.check_same_experiment(resume_from, cfg, self.out, self.ckpt_root)
+        self.base_path = ws.starting_checkpoint(checked.job, resume_from, build_threads(tr.build_threads), threads,
+                                                check_config, self.progress)
+        self.fixed_image_seed = self._setup_control()
+        self._executor_ctx = self._setup_executor(self.base_path, self.fixed_image_seed)
+        self.scheduler = self._setup_lr_scheduler()
+        ws.check_answer_fits(checked.job, self.executor.tokenizer)  # the policy's tokenizer, or its folder
+        self.sampling, self.greedy = self._setup_sampling_params()
+        self.sampler = self._setup_sampler()
+        self.tasks = self.sampler.tasks  # the training task sampler (its position is part of the checkpoint)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # the update's mini-batch shuffles
+        self._resume(resume_from)
+        self.executor.after_setup(self.state.step)
+        self.state.run_id = self._setup_logger()
+
+    def _setup_runtime(self) -> int:
+        """Quiet transformers, torch's threads (``trainer.num_threads``, 1 unless told otherwise: the tiny policy's
+        matmuls are small, and on a shared 2-core machine a 2-thread OpenMP pool waiting for a busy core ran up to
+        10x slower, scripts/bench_policy.py), determinism, every RNG seeded. Returns the thread count."""
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
         transformers.utils.logging.set_verbosity_error()
-        check_config(cfg)
-        problems = self.executor.problems(cfg)
-        if problems:
-            raise ConfigError("; ".join(problems))
-        # 1 thread unless told otherwise: the tiny policy's matmuls are small, and on a shared 2-core machine a
-        # 2-thread OpenMP pool waiting for a busy core ran up to 10x slower (scripts/bench_policy.py)
         threads = self.trainer.num_threads or 1
         torch.set_num_threads(threads)
         if self.trainer.deterministic:
             torch.use_deterministic_algorithms(True)
-        seed_everything(cfg.seed)
-        self.env_spec = check_env(instantiate_plugin(cfg.env, "env"), cfg.env.get("name"))  # before any build
-        self.reward_fn = instantiate_reward(cfg.reward)  # GuardedReward: time limit and on_error
-        self.logger = with_cluster_metrics(instantiate_plugin(cfg.logger, "logger"))  # its keys checked before builds
-        self.eval_seeds, self.seen_seeds = task_sets(self.env_spec, self.eval_cfg, cfg.seed, cfg.get("train_tasks"))
-        problems = capability_problems(cfg, self.env_spec)
-        job = ws.make_job(cfg, self.env_spec)
-        problem = ws.grounding_problem(job)
-        if problems or problem:
-            raise ConfigError("; ".join(problems + ([problem] if problem else [])))
-        self.stop = stop_strings(self.rollout_cfg, self.env_spec)
-        r = self.rollout_cfg
-        try:  # sampling settings are checked before the warm start
-            SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                           stop=self.stop).validate()
-        except ValueError as e:
-            raise ConfigError(f"rollout.{e}") from None
-        resume_from = resume.resume_path(self.trainer.resume_mode, self.ckpt_root, self.trainer.resume_path,
-                                         self.trainer.overwrite)
-        if resume_from is not None:  # refuse a changed experiment before minutes of warm start, not after
-            resume.check_same_experiment(resume_from, cfg, self.out, self.ckpt_root)
-        self.base_path = ws.starting_checkpoint(job, resume_from, build_threads(self.trainer.build_threads), threads,
-                                                check_config, self.progress)
-        # control=fixed_image: a training task whose first picture every env shows (after the warm start, so the
-        # control starts from the same policy); the executor gets the wrapped spec, Ray's workers wrap their own envs
-        self.fixed_image_seed = None
-        if cfg.get("control") == "fixed_image":
-            self.fixed_image_seed = fixed_image_seed(cfg.seed, self.env_spec)
-            self.env_spec = FixedImageEnvSpec(self.env_spec, self.fixed_image_seed)
-            self.progress.say(f"control=fixed_image: every image shown is task {self.fixed_image_seed}'s first observation")
-        self._executor_ctx = ExecutorContext(
-            policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=self.base_path,
+        seed_everything(self.cfg.seed)
+        return threads
+
+    def _setup_control(self) -> int | None:
+        """control=fixed_image: the training task whose first picture every env shows (chosen after the warm start,
+        so the control starts from the same policy); ``env_spec`` wrapped for the executor (Ray's workers wrap their
+        own envs). Returns that task's seed, None for a real run."""
+        if self.cfg.get("control") != "fixed_image":
+            return None
+        seed = fixed_image_seed(self.cfg.seed, self.env_spec)
+        self.env_spec = FixedImageEnvSpec(self.env_spec, seed)
+        self.progress.say(f"control=fixed_image: every image shown is task {seed}'s first observation")
+        return seed
+
+    def _setup_executor(self, base_path: str | None, fixed_image_seed: int | None = None) -> ExecutorContext:
+        """Start the executor (policy with LoRA on ``base_path``, None: the policy config's own weights; engine;
+        optimizer) on ``env_spec``; returns the context it started from (a healed run starts a new group on it)."""
+        cfg, r = self.cfg, self.rollout_cfg
+        ctx = ExecutorContext(
+            policy_cfg=OmegaConf.to_container(cfg.policy, resolve=True), base_path=base_path,
             env_spec=self.env_spec, env_cfg=OmegaConf.to_container(cfg.env, resolve=True), algo=self.algo,
             optim=self.optim, lr=float(cfg.lr), temperature=r.temperature if r.temperature > 0 else 1.0,
-            reuse_kv_cache=r.reuse_kv_cache, fixed_image_seed=self.fixed_image_seed,
+            reuse_kv_cache=r.reuse_kv_cache, fixed_image_seed=fixed_image_seed,
             deterministic=self.trainer.deterministic, progress=self.progress, rollout_engine=r.engine)
-        self.executor.start(self._executor_ctx)
-        self.scheduler = make_scheduler(self.executor.optimizer, self.optim, cfg.steps)
-        ws.check_answer_fits(job, self.executor.tokenizer)  # the policy's tokenizer, or its folder
-        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                       max_new_tokens=r.max_new_tokens, n=1, seed=cfg.seed, stop=self.stop)
-        self.greedy = SamplingParams(temperature=r.eval_temperature, top_p=1.0, top_k=0, max_new_tokens=r.max_new_tokens,
-                                     n=1, seed=cfg.seed, stop=self.stop)
-        self.tasks = training_sampler(self.env_spec, cfg.seed, pool_size=cfg.get("train_tasks"))
-        self.aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
-        self.sampler = StepSampler(
-            rollout=self.executor.rollout, reward_fn=self.reward_fn, tasks=self.tasks,
-            demonstrations=self.executor.demonstrations, sampling=sampling_strategy(cfg.sampling),
-            aux=self.aux, algo=self.algo, group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step, seed=cfg.seed,
-            steps=cfg.steps, base_sampling=self.sampling, control=cfg.get("control"), progress=self.progress)
-        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed)
-        self._resume(resume_from)
-        self.executor.after_setup(self.state.step)
-        self.state.run_id = self.logger.start(
-            self.out, OmegaConf.to_container(cfg, resolve=True), run_name=run_name(), group=sweep_group(),
-            resume_id=self.state.run_id, resume_step=self.state.step)
+        self.executor.start(ctx)
+        return ctx
+
+    def _setup_lr_scheduler(self) -> Any:
+        """The LR schedule (rlkit.algorithms.schedules) on the executor's optimizer: one step per GRPO step."""
+        return make_scheduler(self.executor.optimizer, self.optim, self.cfg.steps)
+
+    def _setup_sampling_params(self) -> tuple[SamplingParams, SamplingParams]:
+        """(training, evaluation) SamplingParams: rollout.* with the run's stop strings (``self.stop``); evaluation
+        at rollout.eval_temperature, top-p and top-k off. Each training step reseeds its copy (StepSampler)."""
+        r, seed = self.rollout_cfg, self.cfg.seed
+        return (SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                               n=1, seed=seed, stop=self.stop),
+                SamplingParams(temperature=r.eval_temperature, top_p=1.0, top_k=0, max_new_tokens=r.max_new_tokens, n=1,
+                               seed=seed, stop=self.stop))
+
+    def _setup_sampler(self) -> StepSampler:
+        """The step sampler: the run's training tasks (rlkit.tasks; a fixed pool with train_tasks=N), the configured
+        strategy (sampling=plain | dapo) and demonstration term (``self.aux``), the executor's rollouts."""
+        cfg = self.cfg
+        return StepSampler(
+            rollout=self.executor.rollout, reward_fn=self.reward_fn,
+            tasks=training_sampler(self.env_spec, cfg.seed, pool_size=cfg.get("train_tasks")),
+            demonstrations=self.executor.demonstrations, sampling=sampling_strategy(cfg.sampling), aux=self.aux,
+            group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step, seed=cfg.seed, steps=cfg.steps,
+            base_sampling=self.sampling, progress=self.progress)
+
+    def _setup_logger(self) -> str | None:
+        """Start the logger (resuming its run at ``state.step``, its rows matched to metrics.jsonl); its run id."""
+        run_id = self.logger.start(self.out, OmegaConf.to_container(self.cfg, resolve=True), run_name=run_name(),
+                                   group=sweep_group(), resume_id=self.state.run_id, resume_step=self.state.step)
         if self.state.step > 0 and hasattr(self.logger, "resume_history"):
             # a crash loses the sink's last rows and the resumed run re-does the steps after the checkpoint:
             # let it match metrics.jsonl (already cut back to the checkpoint) first
             self.logger.resume_history(self.metrics_file.read(), self.state.step)
+        return run_id
 
     def _resume(self, path: Path | None) -> None:
         """Load the checkpoint at ``path``, or start fresh. The run is accepted here (rlkit.run_folder.accept_run_config):
@@ -172,62 +194,46 @@ class GRPORecipe:
             return
         changes = resume.check_same_experiment(path, self.cfg, self.out, self.ckpt_root)
         self._load(path)
-        self._rows_sent = self._rows
+        self.rows.sent = self.rows.written
         self.progress.say(f"resuming from {path} at step {self.state.step}")
         resume.apply_resume_changes(changes, self.cfg.lr, self.executor.optimizer, self.scheduler, self.out, path,
                                     self.state.step, self.progress.say)
 
     # ------------------------------------------------------------------ train
     def train_step(self, step: int) -> dict[str, float]:
-        """One GRPO step: the batch (sampled now, or ahead during the last update), the update, the schedule."""
+        """One GRPO step, the algorithm top to bottom: sample B tasks x G rollouts and score them (rlkit.sampling;
+        a pipelined executor sampled them during the last update, rlkit.recipes.pipeline), group advantages, the
+        update (policy gradient plus the auxiliary terms) and the LR schedule. Returns the step's metrics."""
         t0 = time.time()
-        batch, self._prefetched = self._prefetched, None
-        if batch is None or batch.step != step:
-            batch = self.sampler.sample(step)
+        batch = self.pipeline.take(step) or self.sampler.sample(step)  # rollouts and their rewards [N]
+        advantages = self._advantages(step, batch.rewards)  # [N]
         terms = [AuxTerm("demo", self.aux.demo_coef, batch.demonstrations or [])]
-        if self.executor.pipelined:  # sample the next step while this update runs
-            pending = self._start_update(step, batch, terms)
-            prefetch_s = self._sample_ahead(step, pending)
-            t2 = time.time()
-            with self.progress.phase("update", step, self.cfg.steps):
-                update = self.executor.finish_update(step, pending)
-            # how many updates behind the sampling weights were (1 for a batch sampled ahead)
-            extra = {"sync/staleness": float(step - 1 - batch.metrics.get("sync/version", step - 1)),
-                     "timing/prefetch": prefetch_s}
-        else:
-            t2 = time.time()
-            with self.progress.phase("update", step, self.cfg.steps):
-                update = self.executor.finish_update(step, self._start_update(step, batch, terms))
-            extra = {}
-        metrics = {**batch.metrics, **update, **extra, "timing/train": time.time() - t2, "timing/step": time.time() - t0}
+        update = self.pipeline.update(step, batch, lambda: self._start_update(step, batch.trajectories, advantages,
+                                                                               terms), self.sampler.sample)
+        metrics = {**batch.metrics, **update, "timing/step": time.time() - t0}
         if "timing/load" in metrics or "timing/publish" in metrics:  # the adapter's way to the engines this step
             metrics["timing/sync"] = metrics.get("timing/load", 0.0) + metrics.get("timing/publish", 0.0)
         return metrics
 
-    def _start_update(self, step: int, batch: SampledBatch, terms: list[AuxTerm]) -> Any:
+    def _advantages(self, step: int, rewards: torch.Tensor) -> torch.Tensor:
+        """Group-relative advantages [N] of the kept groups' rewards [N] (rlkit.algorithms.grpo.group_advantages:
+        each against its group's mean, and std with algorithm.norm_adv_by_std); under control=shuffled_reward,
+        of the rewards permuted across the batch (rlkit.controls: advantages that say nothing)."""
+        if self.cfg.get("control") == "shuffled_reward":
+            rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step))
+        if not len(rewards):
+            return torch.zeros(0)
+        return group_advantages(rewards, self.cfg.group_size, self.algo.norm_adv_by_std, self.algo.adv_eps)
+
+    def _start_update(self, step: int, trajectories: list[Any], advantages: torch.Tensor, terms: list[AuxTerm]) -> Any:
         """Start step ``step``'s update on the executor, then advance the LR schedule (one step per GRPO step)."""
-        pending = self.executor.start_update(step, batch.trajectories, batch.advantages, terms, self.shuffle_gen)
+        pending = self.executor.start_update(step, trajectories, advantages, terms, self.shuffle_gen)
         with warnings.catch_warnings():
             # a skipped update (no group with signal) still advances the schedule; torch warns when that happens
             # before the first optimizer step (and the Ray executor's shadow optimizer never steps)
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
             self.scheduler.step()
         return pending
-
-    def _sample_ahead(self, step: int, pending: Any) -> float:
-        """A pipelined executor: sample step ``step`` + 1 with adapter ``step`` - 1 while the update runs (not after
-        the last step, nor after one that ends at a checkpoint, which then holds no half-made batch). Seconds."""
-        interval = self.trainer.ckpt_interval
-        if step >= self.cfg.steps or (interval and step % interval == 0):
-            return 0.0
-        t1 = time.time()
-        try:
-            with self.executor.sample_with(step - 1):
-                self._prefetched = self.sampler.sample(step + 1)
-        except BaseException:
-            self.executor.settle(pending)  # the update in flight: its own error is logged, not lost
-            raise
-        return time.time() - t1
 
     def _eval(self, step: int, tag: str) -> dict[str, float]:
         """Greedy success on the fixed evaluation set (and on ``eval.seen_tasks`` trained-on tasks) after ``step``
@@ -265,52 +271,35 @@ class GRPORecipe:
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         """A row to metrics.jsonl and, unless a healed run is replaying rows it already sent, to the logger."""
-        self.metrics_file.write(metrics, step)
-        self._rows += 1
-        if self._rows > self._rows_sent:
-            self.logger.log(metrics, step)
-            self._rows_sent = self._rows
+        self.rows.log(self.logger, metrics, step)
 
     def train(self) -> dict[str, float]:
         """The evaluation before training, the loop from the resumed step to ``steps`` and the final evaluation,
-        healed when a worker is lost in any of them or in a restart (rlkit.recipes.heal): a new worker group goes
-        on from the latest checkpoint (a step-0 one is saved first), at most ``trainer.max_failures`` times.
+        healed when a worker is lost in any of them or in a restart (rlkit.recipes.heal.healed): a new worker group
+        goes on from the latest checkpoint (a step-0 one is saved first), at most ``trainer.max_failures`` times.
         Raises: WorkerLostError past that, or when a new group's resources do not appear within
         ``trainer.restart_wait_s``; WorkerError at once for any other error raised in a worker (never replayed)."""
-        tr, failures, heal_from = self.trainer, 0, None
-        if self.executor.heals and tr.max_failures and ckpt.find_latest(self.ckpt_root) is None:
+        if self.executor.heals and self.trainer.max_failures and ckpt.find_latest(self.ckpt_root) is None:
             self._save(self.state.step)  # a worker lost before the first checkpoint (step-0 eval included) heals here
-        while True:
-            try:
-                if heal_from is not None:
-                    self._heal(heal_from)
-                    heal_from = None
-                if self.state.step == 0 and tr.eval_before_train and self.state.eval_success_before is None:
-                    m = self._eval(0, "step_000000")
-                    self.state.eval_success_before = m["eval/success_rate"]
-                    self._log(m, 0)
-                    self.progress.say(f"eval before training: {m['eval/success_rate']:.1%} of {len(self.eval_seeds)}")
-                return self._train_loop()
-            except Exception as e:
-                what = lost_worker_or_raise(e, self.executor)
-                failures += 1
-                path = ckpt.find_latest(self.ckpt_root)
-                at = resume.checkpoint_step(path) if path is not None else 0
-                if failures > tr.max_failures or path is None:
-                    raise WorkerLostError(f"{what} at step {self._step}; trainer.max_failures={tr.max_failures} spent. "
-                                          f"Rerun the same command to resume from step {at} ({path})") from e
-                self.progress.say(f"{what} at step {self._step}: restarting the workers and going on from step {at} "
-                                  f"({path}; failure {failures} of trainer.max_failures={tr.max_failures}; the new "
-                                  f"group waits up to trainer.restart_wait_s={tr.restart_wait_s:g}s for its resources)")
-                heal_from = path
+        return healed(self._train, self._heal, self.executor, self.ckpt_root, self.trainer.max_failures,
+                      self.trainer.restart_wait_s, lambda: self._step, self.progress.say)
+
+    def _train(self) -> dict[str, float]:
+        """The evaluation before training (once, at step 0), then ``_train_loop``."""
+        if self.state.step == 0 and self.trainer.eval_before_train and self.state.eval_success_before is None:
+            m = self._eval(0, "step_000000")
+            self.state.eval_success_before = m["eval/success_rate"]
+            self._log(m, 0)
+            self.progress.say(f"eval before training: {m['eval/success_rate']:.1%} of {len(self.eval_seeds)}")
+        return self._train_loop()
 
     def _heal(self, path: Path) -> None:
         """A new worker group, loaded with the checkpoint at ``path`` exactly as a resumed run loads it."""
         self.executor.shutdown()
-        self._prefetched = None
+        self.pipeline.drop()
         start_worker_group(self.executor, self._executor_ctx, self.trainer.restart_wait_s, self.progress.say,
                            self.RESTART_POLL_S)
-        self.scheduler = make_scheduler(self.executor.optimizer, self.optim, self.cfg.steps)
+        self.scheduler = self._setup_lr_scheduler()
         self._load(path)  # the rows after the checkpoint are logged again, and sent to the logger once
         self.executor.after_setup(self.state.step)
 
@@ -321,8 +310,7 @@ class GRPORecipe:
                                                   scheduler=self.scheduler, shuffle_gen=self.shuffle_gen,
                                                   sampler=self.tasks)
         self.sampler.load_state_dict(meta)
-        self._rows = meta.get("metrics_lines", 0)
-        self.metrics_file.truncate_lines(self._rows)
+        self.rows.rewind(meta.get("metrics_lines", 0))
 
     def _train_loop(self) -> dict[str, float]:
         """The steps from ``state.step`` + 1 to ``steps``; the final checkpoint, evaluation and export."""

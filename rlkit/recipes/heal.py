@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from rlkit import checkpoint as ckpt
+from rlkit import resume
+
+T = TypeVar("T")
 
 
 class WorkerLostError(RuntimeError):
@@ -108,6 +114,62 @@ def lost_worker_or_raise(exc: Exception, executor: Any) -> str:
     if bug is None:
         raise exc
     raise bug from exc
+
+
+def healed(run: Callable[[], T], heal: Callable[[Path], None], executor: Any, ckpt_root: Path, max_failures: int,
+           restart_wait_s: float, step: Callable[[], int], say: Callable[[str], Any]) -> T:
+    """``run()``, healed: when it (or ``heal``) loses a worker of ``executor`` (``lost_worker_or_raise``), say so,
+    ``heal(path)`` (a new worker group loaded with the latest checkpoint under ``ckpt_root``) and ``run()`` again,
+    at most ``max_failures`` times. ``step()``: the step in progress, for the messages; ``restart_wait_s``:
+    trainer.restart_wait_s, for the message (``heal`` waits).
+
+    Raises: WorkerLostError past ``max_failures`` or with no checkpoint to go on from (its message names the step
+    a rerun of the same command resumes from); WorkerError at once for any other error raised in a worker; any
+    other error of ``run`` as it is."""
+    failures, heal_from = 0, None
+    while True:
+        try:
+            if heal_from is not None:
+                heal(heal_from)
+                heal_from = None
+            return run()
+        except Exception as e:
+            what = lost_worker_or_raise(e, executor)
+            failures += 1
+            path = ckpt.find_latest(ckpt_root)
+            at = resume.checkpoint_step(path) if path is not None else 0
+            if failures > max_failures or path is None:
+                raise WorkerLostError(f"{what} at step {step()}; trainer.max_failures={max_failures} spent. "
+                                      f"Rerun the same command to resume from step {at} ({path})") from e
+            say(f"{what} at step {step()}: restarting the workers and going on from step {at} ({path}; failure "
+                f"{failures} of trainer.max_failures={max_failures}; the new group waits up to "
+                f"trainer.restart_wait_s={restart_wait_s:g}s for its resources)")
+            heal_from = path
+
+
+class SentOnce:
+    """A run's metrics rows, each written to metrics.jsonl and sent to the logger once: a healed run replays the
+    steps after its checkpoint and writes their rows again (``rewind`` cut the file back), but sends only the rows
+    past those already sent; a resumed run's logger matched its history to the file first (``sent = written``).
+
+    ``written``: rows in metrics.jsonl; ``sent``: rows the logger has."""
+
+    def __init__(self, metrics_file: Any):
+        self.file = metrics_file
+        self.written = self.sent = 0
+
+    def log(self, logger: Any, metrics: dict[str, float], step: int) -> None:
+        """A row to metrics.jsonl and, unless it replays one already sent, to ``logger``."""
+        self.file.write(metrics, step)
+        self.written += 1
+        if self.written > self.sent:
+            logger.log(metrics, step)
+            self.sent = self.written
+
+    def rewind(self, lines: int) -> None:
+        """metrics.jsonl cut back to its first ``lines`` rows (a checkpoint's), the rows after them to be replayed."""
+        self.written = lines
+        self.file.truncate_lines(lines)
 
 
 def start_worker_group(executor: Any, ctx: Any, wait_s: float, say: Callable[[str], Any], poll_s: float = 10.0) -> None:

@@ -1,20 +1,110 @@
-"""What the GRPO recipe refuses before any work: values out of range or at odds with each other, and stages the
-env cannot feed. Every problem is one line naming the key and the fix; ``check_config`` raises them together
-as one ConfigError, so a user fixes them in one go instead of one per run."""
+"""What the GRPO recipe refuses before any work: values out of range or at odds with each other, what the executor
+cannot run, plug-ins that cannot be built, and stages the env cannot feed. Every problem is one line naming the key
+and the fix; ``check_run`` (the recipe's one validation pass) and ``check_config`` (the config alone) raise them
+together as one ConfigError, so a user fixes them in one go instead of one per run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlkit.config import CONF_DIR as CONF  # the package's conf/ (a wheel) or the checkout's
-from rlkit.config import check_ranges
-from rlkit.env_check import check_env  # noqa: F401  (the recipe checks the env with the config)
+from rlkit.config import EvalConfig, check_ranges, stop_strings
+from rlkit.env_check import check_env
 from rlkit.errors import ConfigError
+from rlkit.evaluation import task_sets
+from rlkit.metrics_export import with_cluster_metrics
+from rlkit.plugins import instantiate_plugin, instantiate_reward, to_dataclass
+from rlkit.policy import SamplingParams
 from rlkit.sampling.strategies import sampling_problems
+from rlkit.stages import warm_start as ws
 from rlkit.types import SupportsDemonstrations, SupportsGroundingQuestions, SupportsRecoveryDemonstrations
+
+T = TypeVar("T")
+
+
+@dataclass
+class CheckedRun:
+    """What ``check_run`` built to check a run, for the recipe to use: the env spec (played by check_env), the
+    reward (a GuardedReward), the logger (its keys checked, not started), the warm start's job, the evaluation
+    and trained-on task seeds (rlkit.evaluation.task_sets) and the run's stop strings."""
+
+    env_spec: Any
+    reward_fn: Any
+    logger: Any
+    job: ws.WarmStartJob
+    eval_seeds: list[int]
+    seen_seeds: list[int]
+    stop: tuple[str, ...]
+
+
+def check_run(cfg: DictConfig, executor_problems: list[str]) -> CheckedRun:
+    """The one validation pass before any work (GRPORecipe.setup): every problem of ``cfg`` at once.
+
+    Collected, in this order: ``config_problems``; ``executor_problems`` (the executor's ``problems(cfg)``); the
+    env's build and contract (rlkit.env_check.check_env), the reward's and the logger's builds; then, with the env
+    built: the evaluation task counts, ``capability_problems``, the grounding tasks (rlkit.stages.warm_start.
+    grounding_problem) and the sampling settings with the run's stop strings. A check that reads a value already
+    refused by its range (eval.num_tasks, eval.seen_tasks, train_tasks, seed; rollout.*) is skipped, so one bad
+    value is named once. Builds the env, reward and logger (cheap: no model, no warm start).
+
+    Raises: ConfigError with the one problem, or "N bad values: " and every problem joined by "; " (as
+    ``check_config``)."""
+    problems = config_problems(cfg) + list(executor_problems)
+    env_spec = _built(problems, lambda: check_env(instantiate_plugin(cfg.env, "env"), cfg.env.get("name")))
+    reward_fn = _built(problems, lambda: instantiate_reward(cfg.reward))  # GuardedReward: time limit and on_error
+    logger = _built(problems, lambda: with_cluster_metrics(instantiate_plugin(cfg.logger, "logger")))
+    sets = job = stop = None
+    if env_spec is not None:
+        if not _refused(problems, "eval.num_tasks", "eval.seen_tasks", "train_tasks", "seed"):
+            sets = _built(problems, lambda: task_sets(env_spec, to_dataclass(cfg.eval, EvalConfig), cfg.seed,
+                                                      cfg.get("train_tasks")))
+        problems += _built(problems, lambda: capability_problems(cfg, env_spec)) or []
+        job = _built(problems, lambda: ws.make_job(cfg, env_spec))
+        problems += (_built(problems, lambda: [p for p in [ws.grounding_problem(job)] if p]) or []) if job else []
+        stop = _built(problems, lambda: stop_strings(cfg.rollout, env_spec))
+        if stop is not None and not _refused(problems, "rollout."):
+            problems += _built(problems, lambda: _sampling_problems(cfg.rollout, stop)) or []
+    _raise(problems)
+    return CheckedRun(env_spec, reward_fn, logger, job, *sets, stop)
+
+
+def _sampling_problems(r: Any, stop: tuple[str, ...]) -> list[str]:
+    """What rlkit.policy.SamplingParams.validate refuses of ``rollout`` with the run's stop strings."""
+    try:
+        SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                       stop=stop).validate()
+    except ValueError as e:
+        return [f"rollout.{e}"]
+    return []
+
+
+def _built(problems: list[str], build: Callable[[], T]) -> T | None:
+    """``build()``; None with its ConfigError's message appended to ``problems``; None when it raises anything else
+    on a config already refused (``problems`` not empty: a check that breaks on a refused value adds nothing to
+    what names it); otherwise what it raises."""
+    try:
+        return build()
+    except ConfigError as e:
+        problems.append(str(e))
+    except Exception:
+        if not problems:
+            raise
+    return None
+
+
+def _refused(problems: list[str], *keys: str) -> bool:
+    """Whether a problem already names one of ``keys`` (a key ``k`` as ``k=...``, a prefix ending in "." as is)."""
+    return any(p.startswith(k if k.endswith(".") else f"{k}=") for p in problems for k in keys)
+
+
+def _raise(problems: list[str]) -> None:
+    """Raise one ConfigError with every problem (none: return)."""
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} bad values: " + "; ".join(problems))
 
 
 
@@ -98,9 +188,7 @@ def rollout_engine_problems(cfg: DictConfig) -> list[str]:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise one ConfigError with every ``config_problems`` of ``cfg`` (none: return)."""
-    problems = config_problems(cfg)
-    if problems:
-        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} bad values: " + "; ".join(problems))
+    _raise(config_problems(cfg))
 
 
 def _start_from_problems(cfg: DictConfig) -> list[str]:

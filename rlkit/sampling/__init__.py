@@ -1,6 +1,7 @@
-"""How a GRPO step's batch is drawn: tasks, rollouts, rewards, group advantages and the auxiliary terms' data.
+"""How a GRPO step's batch is drawn: tasks, rollouts, their rewards and the auxiliary terms' data.
 
-``StepSampler.sample(step)`` is the sampling half of one step (rlkit.recipes.grpo calls it, then the update).
+``StepSampler.sample(step)`` is the sampling and scoring half of one step (rlkit.recipes.grpo calls it, then
+computes the group advantages and runs the update).
 The strategy is a typed class the config group names by ``_target_`` (conf/sampling/; rlkit.sampling.strategies):
 ``PlainSampling`` rolls out ``tasks_per_step`` new training tasks x ``group_size`` samples; ``DapoSampling`` is
 DAPO's dynamic sampling (rlkit.sampling.dynamic). With

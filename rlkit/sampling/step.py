@@ -1,4 +1,4 @@
-"""The sampling half of one GRPO step (rlkit.sampling's module doc)."""
+"""The sampling half of one GRPO step: rollouts and their rewards (rlkit.sampling's module doc)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlkit.algorithms.grpo import group_advantages, zero_variance_groups
-from rlkit.config import AlgorithmConfig, AuxLossConfig
-from rlkit.controls import shuffle_rewards
+from rlkit.algorithms.grpo import zero_variance_groups
+from rlkit.config import AuxLossConfig
 from rlkit.faults import maybe_crash
 from rlkit.rollout import rollout_stats
 from rlkit.sampling.demos import demonstration_tasks
@@ -22,41 +21,40 @@ RolloutFn = Callable[[int, list[int], Any, int], tuple[list[Any], dict[str, floa
 
 @dataclass
 class SampledBatch:
-    """What one GRPO step's update trains on.
+    """What one GRPO step's update trains on, before its advantages (rlkit.recipes.grpo computes those).
 
-    trajectories: the kept groups (N = groups x G trajectories, groups contiguous); advantages [N] float32;
-    demonstrations: the demonstration term's solver trajectories (None when aux_loss.demo_coef is 0);
+    trajectories: the kept groups (N = groups x G trajectories, groups contiguous); rewards [N] float32: their
+    scores (RewardOutput.total), in the same order; demonstrations: the demonstration term's solver trajectories (None when aux_loss.demo_coef is 0);
     metrics: the sampling half's reward/*, env/*, dynamic/*, demo/*, sync/* and timing/* metrics.
     """
 
     step: int
     trajectories: list[Any]
-    advantages: torch.Tensor
+    rewards: torch.Tensor
     demonstrations: list[Any] | None
     metrics: dict[str, float]
 
 
 class StepSampler:
-    """Draws each step's tasks and samples, scores them and computes their group advantages.
+    """Draws each step's tasks and samples and scores them (a strategy that keeps some groups reads the scores).
 
     Args:
         rollout: the executor's rollout (``RolloutFn``). reward_fn: Episode -> RewardOutput (a GuardedReward).
         tasks: the run's rlkit.tasks.TaskSampler (its position is part of the checkpoint).
         demonstrations: task seeds -> the solver's demonstration trajectories (the executor's).
-        sampling: the strategy (rlkit.sampling.strategies: PlainSampling | DapoSampling). aux / algo: the typed
-            groups it reads. group_size, tasks_per_step: G and B.
+        sampling: the strategy (rlkit.sampling.strategies: PlainSampling | DapoSampling). aux: the demonstration
+            term's settings. group_size, tasks_per_step: G and B.
         seed: the run's seed (each step samples with its own seed, seed x 1,000,003 + step, so a resumed run
-            samples what it would have). control: None or "shuffled_reward" (rlkit.controls). progress: the
-            console's (``phase``).
+            samples what it would have). progress: the console's (``phase``).
     """
 
     def __init__(self, *, rollout: RolloutFn, reward_fn: Any, tasks: Any, demonstrations: Callable[[list[int]], list[Any]],
-                 sampling: SamplingStrategy, aux: AuxLossConfig, algo: AlgorithmConfig, group_size: int,
-                 tasks_per_step: int, seed: int, steps: int, base_sampling: Any, control: str | None, progress: Any):
+                 sampling: SamplingStrategy, aux: AuxLossConfig, group_size: int, tasks_per_step: int, seed: int,
+                 steps: int, base_sampling: Any, progress: Any):
         self.rollout, self.reward_fn, self.tasks, self.demos_of = rollout, reward_fn, tasks, demonstrations
-        self.strategy, self.aux, self.algo = sampling, aux, algo
+        self.strategy, self.aux = sampling, aux
         self.group_size, self.tasks_per_step, self.seed, self.steps = group_size, tasks_per_step, seed, steps
-        self.base_sampling, self.control, self.progress = base_sampling, control, progress
+        self.base_sampling, self.progress = base_sampling, progress
         #: (informative, sampled) groups of the last step with extra rounds (dapo): sizes the next adaptive round
         self.informative_counts: tuple[int, int] = (1, 1)
 
@@ -90,7 +88,7 @@ class StepSampler:
 
     # -- one step
     def sample(self, step: int) -> SampledBatch:
-        """The sampling half of step ``step`` (1-based). Returns a SampledBatch."""
+        """The sampling half of step ``step`` (1-based): its rollouts, scored. Returns a SampledBatch."""
         g, timing = self.group_size, {}
         t0 = time.time()
         sampling = replace(self.base_sampling, seed=self.seed * 1_000_003 + step)
@@ -105,10 +103,6 @@ class StepSampler:
         if more is not None:  # the strategy rolled out more rounds (dapo): the kept groups, and everything sampled
             trajs, rewards, sampled, rewards_out, dynamic, self.informative_counts = more
             sampled_rewards = torch.tensor([r.total for r in rewards_out], dtype=torch.float32)
-        if self.control == "shuffled_reward":  # advantages that say nothing (rlkit/controls.py)
-            rewards = shuffle_rewards(rewards, torch.Generator().manual_seed(self.seed * 1_000_003 + step))
-        advantages = (group_advantages(rewards, g, self.algo.norm_adv_by_std, self.algo.adv_eps)  # [N]
-                      if len(rewards) else torch.zeros(0))
         demos = self._demonstrations(sampled, timing) if self.aux.demo_coef > 0 else None
         metrics = {
             "reward/mean": float(sampled_rewards.mean()),
@@ -122,7 +116,7 @@ class StepSampler:
             **dynamic,
             "timing/sampling": time.time() - t0,
         }
-        return SampledBatch(step, trajs, advantages, demos, metrics)
+        return SampledBatch(step, trajs, rewards, demos, metrics)
 
     def _demonstrations(self, sampled: list[Any], timing: dict[str, float]) -> list[Any]:
         """The solver's demonstrations of this step's hardest tasks (at most aux_loss.demo_max_tasks); demo/tasks

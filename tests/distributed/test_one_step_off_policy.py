@@ -15,6 +15,7 @@ from rlkit.config import AlgorithmConfig, AuxLossConfig
 from rlkit.distributed.runtime import RaySettings
 from rlkit.policy import SamplingParams
 from rlkit.recipes.grpo import GRPORecipe
+from rlkit.recipes.pipeline import StepPipeline
 from rlkit.recipes.ray import RayExecutor
 from rlkit.sampling import PlainSampling, StepSampler
 from rlkit.types import RewardOutput
@@ -76,12 +77,12 @@ def scripted_run(one_step_off_policy: bool, steps: int = 5, ckpt_interval: int =
     run.tasks = SimpleNamespace(sample=lambda n: [next(counter) for _ in range(n)])
     run.sampler = StepSampler(
         rollout=ex.rollout, reward_fn=lambda episode: RewardOutput(total=float(episode.success)), tasks=run.tasks,
-        demonstrations=ex.demonstrations, sampling=PlainSampling(), aux=run.aux,
-        algo=AlgorithmConfig(norm_adv_by_std=True, adv_eps=1e-6), group_size=2, tasks_per_step=2, seed=0,
-        steps=steps, base_sampling=SamplingParams(temperature=1.0, seed=0), control=None, progress=run.progress)
+        demonstrations=ex.demonstrations, sampling=PlainSampling(), aux=run.aux, group_size=2, tasks_per_step=2,
+        seed=0, steps=steps, base_sampling=SamplingParams(temperature=1.0, seed=0), progress=run.progress)
+    run.algo = AlgorithmConfig(norm_adv_by_std=True, adv_eps=1e-6)
     run.shuffle_gen = torch.Generator().manual_seed(0)
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(ex.optimizer, lambda s: 1.0)
-    run._prefetched = None
+    run.pipeline = StepPipeline(ex, steps, ckpt_interval, run.progress)
     return run
 
 
@@ -166,7 +167,7 @@ def test_a_failed_sampling_ahead_waits_for_the_update_in_flight_and_is_the_error
         run.train_step(1)
     assert [e[0] for e in run.executor.cluster.events] == ["rollout", "start_update", "finish_update"]
     assert "non-finite gradient norm" in caplog.text  # the update's own error is logged, not lost
-    assert run._prefetched is None and run.executor._sample_version is None
+    assert run.pipeline.ahead is None and run.executor._sample_version is None
 
 
 @pytest.mark.parametrize("kw, needle", [

@@ -118,6 +118,25 @@ def test_every_problem_is_reported_at_once_and_visgym_has_every_capability():
     assert capability_problems(cfg, VisGymMaze(variant="small", mode="plan", parser="plan", max_turns=17)) == []
 
 
+def test_one_pass_names_problems_of_every_kind_in_one_refusal():
+    """A bad range, a task count the env's set cannot hold and the executor's own refusal: one ConfigError with
+    all three (GRPORecipe.setup's validation pass), where each used to stop the run on its own, one per start."""
+    from rlkit.recipes.validation import check_run
+
+    cfg = _cfg("lr=-1", "eval.num_tasks=1000")
+    with pytest.raises(ConfigError) as e:
+        check_run(cfg, ["policy.device is cuda but backend.gpus_per_worker=0: (the executor's)"])
+    text = str(e.value)
+    assert text.startswith("3 bad values: lr=-1.0 must be > 0")
+    assert "; policy.device is cuda but backend.gpus_per_worker=0" in text and "; eval.num_tasks=1000: use null" in text
+    # a value refused by its range is named once, not again by the check that reads it
+    with pytest.raises(ConfigError) as e:
+        check_run(_cfg("eval.num_tasks=0", "rollout.temperature=-1"), [])
+    assert str(e.value).count("eval.num_tasks=0") == 1 and str(e.value).count("temperature=-1") == 1
+    checked = check_run(_cfg(), [])
+    assert checked.eval_seeds and checked.job.env_spec is checked.env_spec
+
+
 def test_setup_refuses_an_env_that_cannot_feed_a_stage_before_any_build(tmp_path):
     from rlkit.recipes.grpo import GRPORecipe
     from rlkit.recipes.local import LocalExecutor
