@@ -57,6 +57,7 @@ from rlkit.run_folder import accept_run_config
 from rlkit.sampling import StepSampler, sampling_strategy
 from rlkit.stages import warm_start as ws
 from rlkit.tasks import training_sampler
+from rlkit.types import SupportsActionBudget
 
 
 class GRPORecipe:
@@ -371,7 +372,8 @@ class GRPORecipe:
             "steps_completed": self.state.step, "wall_time_s": round(self.state.wall_time_s, 2),
             "adapter_dir": str(self.out / "adapter"), "output_dir": str(self.out),
             "policy_turns": self.env_spec.max_turns,
-            "action_budget": getattr(self.env_spec, "action_budget", self.env_spec.max_turns),
+            "action_budget": (self.env_spec.action_budget if isinstance(self.env_spec, SupportsActionBudget)
+                              else self.env_spec.max_turns),
             "setup_time_s": round(setup_s, 2), "warm_start_dir": self.base_path, "overrides": run_name(),
             "wandb_run_id": self.state.run_id, "host": platform.node(),
             "policy_dtype": OmegaConf.select(self.cfg, "policy.dtype"), "machine": cpu_record(),

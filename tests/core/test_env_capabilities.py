@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GETATTR_ENV = re.compile(r"getattr\([a-z_.]*(env|spec)")
 #: what may still match, and why: not a read of an optional env attribute, or a file another change owns
 ALLOWED = {
-    "rlkit/recipes/grpo.py": "action_budget (SupportsActionBudget declared; the recipe's restructuring replaces it)",
     "rlkit/distributed/cluster.py": "self.rollout_spec.engine: the rollout config, not an env",
     "rlkit/controls.py": "__getattr__ forwarding of the control wrappers to the wrapped env and spec",
 }
