@@ -143,7 +143,7 @@ class RayCluster:
                          s.startup_timeout_s, "trainer and rollout workers")
         self.param_specs = [(n, tuple(shape)) for n, shape in infos[0]["params"]]
         self.strategy = str(infos[0]["strategy"])
-        starts = [i["engine_startup_s"] for i in infos if "engine_startup_s" in i]
+        starts = [i["timing/engine_startup"] for i in infos if "timing/engine_startup" in i]
         self.engine_startup_s = max(starts) if starts else None  # rollout.engine=vllm: the slowest engine's start-up
         self.startup_s = time.perf_counter() - t0
         log.debug("native_ray: %d trainer rank(s) + %d rollout worker(s) ready in %.1fs (pids %s; %d LoRA tensors)",
@@ -317,7 +317,7 @@ class RayCluster:
             "sync/wait_s": max(i["load"]["wait_s"] for i in infos),
             "timing/sample": max(i["rollout_s"] for i in infos),
         }
-        probes = [i["probe_logprob_diff"] for i in infos if "probe_logprob_diff" in i]
+        probes = [i["sync/probe_logprob_diff"] for i in infos if "sync/probe_logprob_diff" in i]
         if probes:  # the largest logprob difference of the last probe against rlkit's engine (rlkit.policy.vllm_engine)
             metrics["sync/probe_logprob_diff"] = max(probes)
         return trajs, metrics

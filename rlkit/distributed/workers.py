@@ -10,10 +10,10 @@ mixed precision: left unsharded, rlkit.distributed.fsdp.SingleRankRoot), owns th
 state, runs its part of each GRPO update (rlkit.distributed.update) and, on rank 0,
 publishes the gathered adapter as version ``v<step>`` (rlkit.sync).
 
-RolloutWorker: an unsharded policy and its engine (rlkit's TransformersEngine, or with rollout.engine=vllm a
-VllmEngine: vLLM in a child process of the actor, rlkit.policy.vllm_engine); before sampling it loads exactly the
-version it is told to (rlkit.sync.AdapterSubscriber: into the policy, and into vLLM under a new LoRA id) and
-records that version in every trajectory.
+RolloutWorker: an unsharded policy and its engine (rlkit.engines.open_engine of rollout.engine: rlkit's
+TransformersEngine, or vLLM in a child process of the actor); before sampling it loads exactly the version it is
+told to (rlkit.sync.AdapterSubscriber: into the policy; then into the engine, which with vLLM takes it under a new
+LoRA id) and records that version in every trajectory.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class TrainerSpec:
 class RolloutSpec:
     """What every rollout worker is built from: the resolved env and policy nodes (plain dicts with
     ``_target_``), the SFT base checkpoint, the sync directory and wait (seconds), threads, device, the engine
-    (rollout.engine: "rlkit" | "vllm") and where a vLLM engine writes its log (``vllm_engine_<index>.log``; None:
-    the temp dir)."""
+    (rollout.engine, a key of rlkit.engines.ENGINES: "rlkit" | "vllm") and where a vLLM engine writes its log
+    (``vllm_engine_<index>.log``; None: the temp dir)."""
 
     env: dict[str, Any]
     policy: dict[str, Any]
@@ -259,7 +259,7 @@ class RolloutWorker:
     def __init__(self, index: int, spec: RolloutSpec) -> None:
         from omegaconf import OmegaConf
 
-        from rlkit.policy import make_engine
+        from rlkit.engines import open_engine
         from rlkit.plugins import instantiate_plugin
         from rlkit.sync import AdapterSubscriber
 
@@ -271,64 +271,46 @@ class RolloutWorker:
 
             self.env_spec = FixedImageEnvSpec(self.env_spec, spec.fixed_image_seed)
         self.policy = load_worker_policy(spec.policy, spec.base_path, device=spec.device_type)
-        if spec.engine == "vllm":
-            from rlkit.policy.vllm_engine import VllmEngine, max_images_for
-
-            log = None if spec.log_dir is None else Path(spec.log_dir) / f"vllm_engine_{self.index}.log"
-            self.engine = VllmEngine(self.policy, max_images=max_images_for(self.env_spec), threads=spec.threads,
-                                     prefix_caching=spec.reuse_kv_cache, log_path=log)
-        else:
-            self.engine = make_engine(self.policy, reuse_kv=spec.reuse_kv_cache)
+        log = None if spec.log_dir is None else Path(spec.log_dir) / f"vllm_engine_{self.index}.log"
+        self.engine = open_engine(spec.engine, self.policy, self.env_spec, reuse_kv=spec.reuse_kv_cache,
+                                  threads=spec.threads, sync_root=spec.sync_root, log_path=log)
         self.subscriber = AdapterSubscriber(spec.sync_root, timeout_s=spec.sync_timeout_s)
-        self._engine_version: int | None = None
 
     def ping(self) -> int:
         """This actor's pid: it is alive and answering (RayCluster.dead_workers)."""
         return os.getpid()
 
     def ready(self) -> dict[str, Any]:
-        """{"index", "pid", "threads", "device"} once the policy is loaded; with vLLM once it has started too, plus
-        "engine_pid" and "engine_startup_s" (seconds from its spawn to ready)."""
+        """{"index", "pid", "threads", "device"} once the policy is loaded and the engine can sample, plus the engine's
+        start-up metrics (vLLM: "timing/engine_startup", seconds from its spawn to ready; rlkit.engines)."""
         info = {"index": self.index, "pid": os.getpid(), "threads": torch.get_num_threads(),
                 "device": str(self.policy.device)}
-        if self.spec.engine == "vllm":
-            info["engine_startup_s"] = self.engine.wait_ready()
-            info["engine_pid"] = self.engine.pid
-        return info
+        self.engine.wait_ready()
+        return {**info, **self.engine.metrics()}
 
     def sync(self, version: int) -> dict[str, Any]:
-        """Make adapter ``version`` live (rlkit.sync.AdapterSubscriber.load; with vLLM also loaded there under a new
-        LoRA id, its time in "load_s"); asdict(LoadedVersion).
+        """Make adapter ``version`` live: in the policy (rlkit.sync.AdapterSubscriber.load), then in the engine
+        (EngineHandle.load_version: nothing more for rlkit's engine, which samples the policy; vLLM loads it under a
+        new LoRA id, its time added to "load_s"); asdict(LoadedVersion).
 
         Raises: rlkit.sync.SyncError when it is missing after the wait, torn, mislabelled or older
         than the live version.
         """
         load = asdict(self.subscriber.load(self.policy.model, version))
-        if self.spec.engine == "vllm":
-            if self._engine_version != version:
-                from rlkit.sync import version_dir
-
-                t0 = time.perf_counter()
-                self.engine.load_adapter(version_dir(self.spec.sync_root, version))
-                self._engine_version = version
-                load["load_s"] += time.perf_counter() - t0
+        load["load_s"] += self.engine.load_version(version, verify=False).get("timing/load", 0.0)  # verified above
         return load
-
-    def _engine_info(self) -> dict[str, Any]:
-        p = getattr(self.engine, "last_probe", None)
-        return {} if not p else {"probe_logprob_diff": float(p["max_logprob_diff"])}
 
     def rollout(self, seeds: list[int], group_size: int, sampling: Any, version: int) -> tuple[list[Any], dict[str, Any]]:
         """Load ``version``, then rlkit.rollout.rollout on ``seeds`` (G = group_size; groups contiguous,
         group indices local to this call). Returns (trajectories, {"load": LoadedVersion dict,
-        "rollout_s": seconds of sampling}, plus the vLLM probe's "probe_logprob_diff")."""
+        "rollout_s": seconds of sampling}, plus the engine's metrics: vLLM's "sync/probe_logprob_diff")."""
         from rlkit.rollout import rollout
 
         load = self.sync(version)
         t0 = time.perf_counter()
-        trajs = rollout(self.env_spec, self.policy, self.engine, list(seeds), group_size, sampling,
+        trajs = rollout(self.env_spec, self.policy, self.engine.engine, list(seeds), group_size, sampling,
                         policy_version=self.subscriber.version)
-        return trajs, {"load": load, "rollout_s": time.perf_counter() - t0, **self._engine_info()}
+        return trajs, {"load": load, "rollout_s": time.perf_counter() - t0, **self.engine.metrics()}
 
     def demonstrations(self, seeds: list[int]) -> list[Any]:
         """rlkit.demonstrations.demonstration_trajectory for each seed (the adapter plays no part), in order; a
@@ -347,7 +329,7 @@ class RolloutWorker:
         from rlkit.evaluation import evaluate
 
         load = self.sync(version)
-        metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine, list(seeds), sampling,
+        metrics, per_task, trajs = evaluate(self.env_spec, self.policy, self.engine.engine, list(seeds), sampling,
                                             policy_version=self.subscriber.version, pass_k=int(pass_k),
                                             pass_k_sampling=pass_k_sampling)
         return metrics, per_task, trajs[:keep_trajectories], load
@@ -355,10 +337,8 @@ class RolloutWorker:
     def generate(self, prompts: list[Any], sampling: Any, version: int) -> list[list[Any]]:
         """Load ``version``, then ``engine.generate(prompts, sampling)`` (list of n Completions per prompt)."""
         self.sync(version)
-        return self.engine.generate(prompts, sampling)
+        return self.engine.engine.generate(prompts, sampling)
 
     def shutdown(self) -> None:
-        """Stop the engine's own process (vLLM); nothing for rlkit's engine."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        """Close the engine (vLLM: its process; nothing for rlkit's engine)."""
+        self.engine.close()

@@ -26,7 +26,7 @@ class ExecutorContext:
     their own), the typed groups the update reads, the base lr and the sampling temperature of the logprobs
     (rollout.temperature, or 1 for greedy), whether multi-turn rollouts keep their KV cache, the fixed-image
     control's task (None: the real run), torch's determinism switch, the console (``say``), and who samples
-    (``rollout_engine``: "rlkit" | "vllm", rollout.engine)."""
+    (``rollout_engine``: rollout.engine, a key of rlkit.engines.ENGINES: "rlkit" | "vllm")."""
 
     policy_cfg: Any
     base_path: str | None

@@ -132,14 +132,13 @@ class RayExecutor:
 
         s = self.settings
         self.ctx = ctx
-        engine = getattr(ctx, "rollout_engine", "rlkit")  # rollout.engine
         common = dict(policy=ctx.policy_cfg, base_path=ctx.base_path, sync_root=str(self.sync_root),
                       threads=s.threads_per_actor, device_type=s.device_type, deterministic=ctx.deterministic)
         trainer_spec = TrainerSpec(algorithm=ctx.algo, optim=ctx.optim, lr=float(ctx.lr), keep_versions=s.keep_versions,
                                    mixed_precision=s.use_mixed_precision, dist_timeout_s=s.dist_timeout_s,
                                    strategy=s.strategy, **common)
         rollout_spec = RolloutSpec(env=ctx.env_cfg, sync_timeout_s=s.sync_timeout_s, reuse_kv_cache=ctx.reuse_kv_cache,
-                                   fixed_image_seed=ctx.fixed_image_seed, engine=engine,
+                                   fixed_image_seed=ctx.fixed_image_seed, engine=ctx.rollout_engine,
                                    log_dir=None if self.log_dir is None else str(self.log_dir), **common)
         self.cluster = RayCluster(s, trainer_spec, rollout_spec)
         self.cluster.start(pg_timeout_s=wait_s)
@@ -147,7 +146,7 @@ class RayExecutor:
             f"native_ray: {s.num_workers} trainer rank(s) "
             f"({ {'fsdp': 'FSDP2', 'ddp': 'DDP'}.get(self.cluster.strategy, self.cluster.strategy)}, "
             f"{'nccl' if s.device_type == 'cuda' else 'gloo'}) + "
-            f"{s.num_rollout_workers} rollout worker(s){' (vLLM engines)' if engine == 'vllm' else ''}, "
+            f"{s.num_rollout_workers} rollout worker(s), "
             f"{'colocated' if s.colocate else 'separate'} bundles, "
             f"ready in {self.cluster.startup_s:.0f}s"
             + (f" (vLLM started in {self.cluster.engine_startup_s:.0f}s)" if self.cluster.engine_startup_s else "")

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+from rlkit.engines import LiveEngine
 from rlkit.recipes import local
 from rlkit.recipes.local import LocalExecutor
 from rlkit.recipes.ray import RayExecutor
@@ -11,7 +12,7 @@ def test_local_and_ray_executors_record_the_same_version(monkeypatch):
     seen = {}
     monkeypatch.setattr(local, "rollout", lambda *a, policy_version, **k: seen.setdefault("native", policy_version) and [])
     ex = LocalExecutor()
-    ex.ctx, ex.policy, ex.engine = SimpleNamespace(env_spec=None), None, None
+    ex.ctx, ex.policy, ex.engine = SimpleNamespace(env_spec=None), None, LiveEngine(None)
     ex.rollout(3, [5], None, 2)
 
     ray = RayExecutor.__new__(RayExecutor)
