@@ -3,7 +3,7 @@
 A run folder (``paths.output_dir``) holds, besides what the recipe writes (checkpoints, metrics, result.json):
 
 - ``error.txt`` (``ERROR_FILE``): the error and traceback of an attempt that raised; the sweep summary
-  (rlkit.sweep) and the Ray Jobs launchers (launchers/ray_jobs.py) show its first line as the job's status;
+  (rlkit.sweep) and the Ray Jobs launchers (launchers/ray_jobs/) show its first line as the job's status;
 - ``.hydra/accepted/``: a copy of the Hydra record of the last attempt that was accepted (``accept_run_config``),
   put back over a refused attempt's record (``restore_accepted_config``).
 
@@ -37,7 +37,7 @@ ERROR_FILE = "error.txt"
 ACCEPTED_SUBDIR = "accepted"
 _accepted: set[str] = set()  # run folders (realpath) whose current attempt has been accepted, in this process
 
-#: Set by the Ray Jobs launchers (launchers/ray_jobs.py) in every job's environment: the sweep's swept keys,
+#: Set by the Ray Jobs launchers (launchers/ray_jobs/) in every job's environment: the sweep's swept keys,
 #: comma-separated. A cluster job runs train.py as a single run, without the sweep's multirun.yaml beside it,
 #: so this is how it knows which keys its sweep sweeps (rlkit.resume.check_sweep_resume).
 SWEPT_KEYS_ENV = "RLKIT_SWEPT_KEYS"
@@ -153,7 +153,7 @@ def sweep_group_name(sweep_dir: str | Path) -> str:
     at the same clock time on different days are different groups. Any other folder (one named with
     ``hydra.sweep.dir=...``) gives ``sweep-<its last part>``, the name its user chose. Only the path
     is read (nothing on disk), so every job of a sweep, and the Ray launcher submitting them
-    (launchers/ray_jobs.py), get the same group whenever and wherever they run.
+    (launchers/ray_jobs/), get the same group whenever and wherever they run.
 
     Raises: ValueError for a folder without a name (``""``, ``/``).
     """

@@ -66,7 +66,7 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def _attempts(job_dir: Path) -> int:
     """How often the job was submitted: ``attempts`` in the Ray Jobs launchers' ``ray_job.json`` (they resubmit a
-    failed job, launchers/ray_jobs.py), else 1."""
+    failed job, launchers/ray_jobs/runner.py), else 1."""
     try:
         return int(json.loads((job_dir / "ray_job.json").read_text()).get("attempts", 1))
     except (OSError, ValueError, TypeError):

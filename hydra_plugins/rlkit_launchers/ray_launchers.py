@@ -5,7 +5,7 @@ instantiates the class named by ``hydra.launcher._target_`` with the remaining `
 keys, calls ``setup`` once and ``launch`` per batch of jobs. The configs are registered below in
 Hydra's ConfigStore, group ``hydra/launcher`` (``rlkit_ray``, ``rlkit_hyperpod``), the way Hydra's
 own launcher plugins register theirs; ``conf/launcher/{ray,hyperpod}.yaml`` select them.
-Submission logic: ``launchers/ray_jobs.py``. Heavy imports (ray) happen only at launch time,
+Submission logic: ``launchers/ray_jobs/``. Heavy imports (ray) happen only at launch time,
 because Hydra imports this module in every run, including the remote jobs themselves.
 """
 

@@ -11,7 +11,7 @@ message says what died and from which step a rerun of the same command resumes.
 Anything else a worker raises is a bug or a bad value, whatever its class (a RuntimeError from a shape mismatch
 or CUDA out of memory, an OSError from a missing file, a SyncError): replaying it from a checkpoint would only
 raise it again, so the run stops at once with ``WorkerError`` (its own message and the worker's last frame), and
-the Ray Jobs launchers do not resubmit it (launchers/ray_jobs.py, ``REFUSED``). A collective broken by a dead
+the Ray Jobs launchers do not resubmit it (launchers/ray_jobs/records.py, ``REFUSED``). A collective broken by a dead
 peer also surfaces as a RuntimeError in the surviving ranks: that one is told apart by asking Ray whether a peer
 of the group is gone (``RayExecutor.dead_workers``), never by the exception's class.
 """

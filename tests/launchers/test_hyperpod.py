@@ -75,12 +75,13 @@ def test_toolkit_errors_become_launcher_errors_with_a_fix(hyperpod, tmp_path, mo
 
 
 def test_missing_toolkit_names_the_package(monkeypatch):
-    import launchers.ray_jobs as rj
+    import launchers.ray_jobs.connection as conn
 
-    real = rj.importlib.util.find_spec
-    monkeypatch.setattr(rj.importlib.util, "find_spec", lambda name, *a: None if name == "sagemaker_ray" else real(name, *a))
-    with pytest.raises(rj.LauncherError, match="pip install toolkit-for-ray-on-sagemaker-ai"):
-        rj.check_address("sagemaker_ray://rlkit/team-a")
+    real = conn.importlib.util.find_spec
+    monkeypatch.setattr(conn.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sagemaker_ray" else real(name, *a))
+    with pytest.raises(conn.LauncherError, match="pip install toolkit-for-ray-on-sagemaker-ai"):
+        conn.check_address("sagemaker_ray://rlkit/team-a")
 
 
 def test_hyperpod_sweep_through_the_real_toolkit(ray_cluster, hyperpod, tmp_path):

@@ -1,4 +1,4 @@
-"""Unit tests of launchers/ray_jobs.py without a cluster: entrypoint quoting, result parsing,
+"""Unit tests of launchers/ray_jobs/ without a cluster: entrypoint quoting, result parsing,
 settings, and the runner's loop (concurrency, pending timeout, re-authentication, outages) against
 a scripted fake of ``JobSubmissionClient``."""
 
