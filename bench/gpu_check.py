@@ -85,7 +85,7 @@ def peak_for(device_name: str) -> tuple[float | None, str]:
 def plan(dry_run: bool, dtype: str | None = None) -> dict:
     """The workload: train.py overrides and the policy kwargs the measure phase rebuilds the same model from."""
     if dry_run:
-        p = dict(device="cpu", dtype="float32", tiny={}, steps=3, B=2, G=4, new_tokens=16, micro=8, eval_tasks=2)
+        p = dict(device="cpu", dtype="float32", tiny={}, steps=3, B=2, G=4, new_tokens=32, micro=8, eval_tasks=2)
     else:
         p = dict(device="cuda", dtype="bfloat16", tiny=GPU_SIZES, steps=6, B=8, G=8, new_tokens=64, micro=32,
                  eval_tasks=8)
