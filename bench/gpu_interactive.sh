@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The interactive VisGym 9x9 setting on one GPU, at most 10 minutes: bench/gpu_9x9.py --mode interactive
+# The interactive VisGym 9x9 setting on one GPU, at most 10 minutes: python -m bench.gpu_9x9 --mode interactive
 # (env=visgym_interactive: one move a turn, a new picture each turn, 18 turns; a warm start on the env's multi-turn
 # demonstrations, then the 9x9 recipe's GRPO), printing the warm start's and GRPO's success curves.
 #
