@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from bench.common import PROMPT, SYSTEM, decoder_matmul_params, matmul_peak, maze_image, tiny_policy_kwargs, vision_flops
+from bench.common import (PROMPT, SYSTEM, decoder_matmul_params, matmul_peak, maze_image, tiny_policy_kwargs,
+                          vision_flops)
 from rlkit.policy import PromptInput, SamplingParams, TransformersEngine, load_policy
 from rlkit.policy.logprobs import sequence_batch
 

@@ -246,7 +246,8 @@ def main() -> int:
     crash_step, resume_step = p["steps"] - 1, p["steps"] - 2
 
     # 1. train until SIGKILL inside the update of step steps-1
-    rc, text, dt = run_phase("gpu_check", "train", train, dict(env, RLKIT_CRASH_AT=f"update@{crash_step}"), 240, deadline, out)
+    rc, text, dt = run_phase("gpu_check", "train", train, dict(env, RLKIT_CRASH_AT=f"update@{crash_step}"), 240,
+                             deadline, out)
     summary["train_phase_s"] = round(dt, 1)
     if rc != -9:
         failures.append(f"train phase: expected the injected SIGKILL (-9) in step {crash_step}, got exit {rc}: "
