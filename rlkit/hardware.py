@@ -10,7 +10,7 @@ with any flags); ``cpu_info`` reads them from ``/proc/cpuinfo`` once. ``RLKIT_CP
 overrides the detection (a VM whose /proc/cpuinfo hides a flag, or a check of the other CPU class's
 resolution); unset, the flags decide.
 
-This module imports nothing from rlkit and not torch (scripts/bench_headline.py records it without
+This module imports nothing from rlkit and not torch (bench/bench_headline.py records it without
 loading a model).
 """
 
@@ -32,7 +32,7 @@ X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: The aarch64 feature (/proc/cpuinfo ``Features``) of the BFMMLA/BFDOT bf16 instructions (Neoverse V1/N2+, Graviton3+).
 ARM_BF16_FLAG = "bf16"
 
-#: The flags recorded beside benchmark lines (scripts/bench_headline.py): what decides the dtype and the speed.
+#: The flags recorded beside benchmark lines (bench/bench_headline.py): what decides the dtype and the speed.
 REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 #: Environment variable that overrides the detection: "1" native bf16, "0" none, unset/"" detect.

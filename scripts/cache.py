@@ -31,12 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rlkit.cache_dir import legacy_cache_note, user_cache_dir  # noqa: E402
-from rlkit.cli import DefaultsHelpFormatter  # noqa: E402
-from rlkit.distributed.reaper import pid_alive  # noqa: E402
+from rlkit.cache_dir import legacy_cache_note, user_cache_dir
+from rlkit.cli import DefaultsHelpFormatter
+from rlkit.distributed.reaper import pid_alive
 
 KINDS = {"grounding": "grounding_summary.json", "sft": "sft_summary.json"}
 

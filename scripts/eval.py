@@ -31,11 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, non_negative_int, positive_int  # noqa: E402
+from rlkit.cli import DefaultsHelpFormatter, first_eval_seeds, non_negative_int, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

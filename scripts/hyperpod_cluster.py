@@ -22,11 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from launchers.manifests import (  # noqa: E402
+from launchers.manifests import (
     SCHEMAS_ENV, ManifestError, conf_summary, default_schema_dir, load_config, missing_crd_schemas, render, to_yaml,
     validate, write,
 )

@@ -16,9 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlkit.report import build_report  # noqa: E402
+from rlkit.report import build_report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,12 +24,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from envs.visgym.parsers import PARSER_NAMES, make_parser  # noqa: E402
-from envs.visgym.route_errors import ERROR_KINDS, first_route_error, needs_detour  # noqa: E402
-from envs.visgym.maze import VARIANT_SIZES  # noqa: E402
+from envs.visgym.parsers import PARSER_NAMES, make_parser
+from envs.visgym.route_errors import ERROR_KINDS, first_route_error, needs_detour
+from envs.visgym.maze import VARIANT_SIZES
 
 
 def summarize(eval_json: dict, variant: str, parser_name: str) -> dict:

@@ -30,13 +30,9 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from rlkit.cli import DefaultsHelpFormatter, port
 
-from rlkit.cli import DefaultsHelpFormatter, port  # noqa: E402
-
-from rlkit.serve.protocol import ServeLimits  # noqa: E402  (light: pydantic + PIL)
+from rlkit.serve.protocol import ServeLimits  # light: pydantic + PIL
 
 
 def build_parser() -> argparse.ArgumentParser:

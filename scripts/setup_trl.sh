@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .venv-trl (Python 3.11): Hugging Face TRL's GRPOTrainer next to rlkit, for
-# scripts/bench_vs_trl.py (the TRL side of the side-by-side GRPO step-time benchmark).
+# bench/bench_vs_trl.py (the TRL side of the side-by-side GRPO step-time benchmark).
 #
 #   bash scripts/setup_trl.sh          # idempotent: reuses .venv-trl, reinstalls only what is missing
 #

@@ -18,11 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def compose(overrides: list[str]):
@@ -31,9 +26,9 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    import rlkit.config  # noqa: F401  (registers the schema)
+    from rlkit.config import CONF_DIR  # importing rlkit.config registers the schema
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
         if cfg.backend.get("_target_") != "rlkit.backends.skyrl.SkyRLBackend":
             # as `python train.py <overrides> backend=skyrl` would compose it (same run name)

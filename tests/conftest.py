@@ -8,6 +8,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# The suite's subprocesses (train.py, the user tools of scripts/, bench/) import this checkout's rlkit, not the checkout
+# an editable .venv was installed from: scripts/ has no sys.path preamble.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

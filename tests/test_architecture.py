@@ -98,7 +98,7 @@ def test_no_import_cycle_in_rlkit():
 
 
 #: The house's top-level folders of Python besides rlkit/ (tests/ is not a room: it may import anything).
-HOUSE = ("envs", "rewards", "launchers", "hydra_plugins", "scripts")
+HOUSE = ("envs", "rewards", "launchers", "hydra_plugins", "scripts", "bench")
 
 
 def room_of(rel: Path) -> str:
@@ -148,7 +148,8 @@ def test_floors_of_a_small_house():
 
 
 def test_no_import_runs_back_up_and_the_house_has_at_most_8_floors():
-    """Between rooms (rlkit's modules and packages, envs/, rewards/, launchers/, hydra_plugins/, scripts/, train.py)
+    """Between rooms (rlkit's modules and packages, envs/, rewards/, launchers/, hydra_plugins/, scripts/, bench/,
+    train.py)
     every import runs down: no two rooms import each other, even through others (an arrow back up is a cycle of
     rooms), and the longest chain of imports is at most 8 rooms (issue 76: 11 before the run folder's records,
     the swept keys and the demonstrations moved low, and the vLLM facts left serve/)."""
@@ -159,6 +160,17 @@ def test_no_import_runs_back_up_and_the_house_has_at_most_8_floors():
     assert top <= 8, f"{top} floors: " + ", ".join(f"{r} {n}" for r, n in sorted(height.items(), key=lambda x: -x[1]))
     doors = ("train.py", "rlkit/train.py", "scripts/")  # the Hydra app (python train.py = rlkit-train) and the tools
     assert not any("rlkit/run.py" in targets for room, targets in graph.items() if room not in doors)
+
+
+def test_tools_and_benchmarks_import_without_a_sys_path_preamble():
+    """scripts/ imports rlkit as installed (editable in a checkout); bench/ runs as ``python -m bench.<name>`` from the
+    root. A benchmark shares code through bench/common.py only, never by importing another benchmark."""
+    preambles = [str(f.relative_to(ROOT)) for top in ("scripts", "bench") for f in (ROOT / top).rglob("*.py")
+                 if "sys.path" in f.read_text()]
+    assert preambles == []
+    bench = {f"bench.{f.stem}": f for f in (ROOT / "bench").glob("*.py")}
+    graph = import_graph(bench, roots=("bench.",))
+    assert {m: sorted(t) for m, t in graph.items() if t - {"bench.common"}} == {}
 
 
 def test_recipe_is_short_and_no_module_is_huge():

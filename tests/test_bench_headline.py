@@ -1,4 +1,4 @@
-"""scripts/bench_headline.py on finished run folders (--reuse): the curve, the target step, the controls."""
+"""bench/bench_headline.py on finished run folders (--reuse): the curve, the target step, the controls."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def test_reused_runs_give_the_headline_lines_and_controls_only_where_asked(tmp_p
     _fake_run(out / "seed0", [(0, 0.0, 0.453), (30, 60.0, 0.9), (60, 120.0, 0.96875)])
     _fake_run(out / "seed0_fixed_image", [(0, 0.0, 0.016), (30, 61.0, 0.031), (60, 119.0, 0.016)])
     _fake_run(out / "seed1", [(0, 0.0, 0.453), (30, 58.0, 0.953), (60, 117.0, 0.94)], seen=[0.578, 0.97, 0.99])
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_headline.py"), "--reuse", "--seeds", "0", "1",
-                           "--control-seeds", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_headline", "--reuse", "--seeds", "0", "1",
+                           "--control-seeds", "0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "headline: warm start 45.3% -> 96.9% after 60 steps in 120 s (seed 0; reused)" in proc.stdout
     assert "control fixed_image: warm start 1.6% -> 1.6% after 60 steps (seed 0)" in proc.stdout
@@ -60,8 +61,9 @@ def test_every_line_names_the_machine_and_the_dtype(tmp_path):
     _fake_run(out / "seed1", [(0, 0.0, 0.3), (30, 60.0, 0.9)])
     result = json.loads((out / "seed1" / "result.json").read_text())
     (out / "seed1" / "result.json").write_text(json.dumps({**result, "policy_dtype": "bfloat16"}))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_headline.py"), "--reuse", "--seeds", "0", "1",
-                           "--control", "none", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_headline", "--reuse", "--seeds", "0", "1",
+                           "--control", "none", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tag0 = "[AMD EPYC 7B13; avx2; no native bf16; float32]"
     assert f"headline: warm start 25.0% -> 84.4% after 30 steps in 60 s (seed 0; reused) {tag0}" in proc.stdout

@@ -1,8 +1,8 @@
-"""scripts/bench_multiturn.py's token count behind the multi-turn floor it prints."""
+"""bench/bench_multiturn.py's token count behind the multi-turn floor it prints."""
 
 from types import SimpleNamespace
 
-from scripts.bench_multiturn import update_tokens
+from bench.bench_multiturn import update_tokens
 
 
 def traj(*ids):

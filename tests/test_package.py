@@ -94,6 +94,7 @@ def test_wheel_installs_and_runs_smoke_outside_the_checkout(tmp_path):  # 44-53 
     assert "rlkit/conf/compat.yaml" in names and "rlkit/conf/train.yaml" in names
     assert len([n for n in names if n.startswith("rlkit/conf/")]) == len(list((ROOT / "conf").rglob("*.yaml")))
     assert {f"rlkit/_scripts/scripts/{n}.py" for n in ("eval", "serve", "play", "report")} <= set(names)
+    assert not [n for n in names if n.startswith(("bench/", "scripts/", "tests/"))]  # measurements and tests stay home
 
     pins = tmp_path / "pins.txt"  # uv.lock's versions, the base requirements (no extra)
     subprocess.run([uv, "export", "-q", "--frozen", "--no-hashes", "--no-emit-project", "--project", str(ROOT),

@@ -5,7 +5,7 @@ that is slow for the short query blocks of this project's workloads. Measured on
 CPU in bf16 (1 thread): a one-token decode query took 4.6 ms per layer call against 1.0 ms for the plain
 product (1.4-2.3 ms in fp32), about half of a decode step; in the GRPO update (issue 15's workload, the
 completions attending to their group's shared prompt) the kernel's forward and backward were a quarter of
-the update's time (``scripts/bench_vs_trl.py``, docs/speed.md).
+the update's time (``bench/bench_vs_trl.py``, docs/speed.md).
 
 So on CPU the policy registers ``rlkit_sdpa``: a causal self-attention call (the language model's; the
 vision tower is not causal) whose score matrix is small (queries x keys <= ``MAX_SCORES`` per head)

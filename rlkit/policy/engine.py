@@ -615,7 +615,7 @@ class _GrowingLayer(DynamicLayer):
     transformers' mask pads the 2D attention mask with False over the unfilled positions (which also lie in the
     query's causal future). Attention over a contiguous buffer skips the copy a strided view costs every layer
     and step: the matmul of a bf16 decode query with a [B, H_kv, L, D] view of a larger buffer copied it first
-    (1.0 ms against 0.23 ms a layer at issue 15's sizes, scripts/bench_vs_trl.py). The unfilled positions are
+    (1.0 ms against 0.23 ms a layer at issue 15's sizes, bench/bench_vs_trl.py). The unfilled positions are
     zeros, masked, so they get softmax weight exactly 0 and add nothing (within float32 rounding of the sums)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, reserve: int) -> None:

@@ -139,7 +139,7 @@ class PolicyConfig:
         (rlkit.hardware.resolve_dtype_here). bfloat16 on a CPU without native bf16 matmuls is allowed but
         logged as slow: there it is emulated (about 10x slower than float32 on an AVX2-only CPU), while a CPU
         with avx512_bf16 runs the tiny policy's warm-start step 1.6x faster than float32
-        (scripts/bench_sft.py; docs/speed.md)."""
+        (bench/bench_sft.py; docs/speed.md)."""
         name, _ = resolve_dtype_here(self.dtype, device.type)
         if self.dtype == "bfloat16" and device.type == "cpu" and not this_cpu_has_native_bf16():
             log.warning("policy.dtype=bfloat16 on a CPU without native bf16 matmuls (no avx512_bf16/AMX): "

@@ -113,7 +113,7 @@ class GRPORecipe:
     def _setup_runtime(self) -> int:
         """Quiet transformers, torch's threads (``trainer.num_threads``, 1 unless told otherwise: the tiny policy's
         matmuls are small, and on a shared 2-core machine a 2-thread OpenMP pool waiting for a busy core ran up to
-        10x slower, scripts/bench_policy.py), determinism, every RNG seeded. Returns the thread count."""
+        10x slower, bench/bench_policy.py), determinism, every RNG seeded. Returns the thread count."""
         import transformers
 
         transformers.utils.logging.disable_progress_bar()

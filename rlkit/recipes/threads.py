@@ -18,7 +18,7 @@ def build_threads(setting: int | None) -> int:
     capped by the container's CPU quota (cgroup ``cpu.max``), which a pod or ``docker --cpus`` limit
     sets while the affinity still lists every core of the host. An ``$OMP_NUM_THREADS`` that is not a
     whole number >= 1 is warned about and ignored. Measured on a 2-core machine
-    (scripts/bench_sft.py, a bf16 warm-start step of 32 demonstrations): 0.86 s on 1 thread, 0.60 s on 2.
+    (bench/bench_sft.py, a bf16 warm-start step of 32 demonstrations): 0.86 s on 1 thread, 0.60 s on 2.
     """
     if setting is not None:
         return int(setting)

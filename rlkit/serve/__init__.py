@@ -19,6 +19,6 @@ Modules (imported on use, so a client machine needs neither FastAPI nor the mode
 - rlkit.serve.play: play episodes through the ``openai`` client; success rate and per-task outcomes.
 - rlkit.serve.config: compose conf/train.yaml (+ a run's recorded overrides) for these tools.
 
-Command lines: scripts/serve.py, scripts/play.py, scripts/eval.py, scripts/bench_serve.py;
+Command lines: scripts/serve.py, scripts/play.py, scripts/eval.py, bench/bench_serve.py;
 docs/serving.md walks through them.
 """

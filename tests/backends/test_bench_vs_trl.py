@@ -1,4 +1,4 @@
-"""scripts/bench_vs_trl.py: rlkit's side of the rlkit-vs-TRL GRPO step benchmark runs and reports sane
+"""bench/bench_vs_trl.py: rlkit's side of the rlkit-vs-TRL GRPO step benchmark runs and reports sane
 timings (default suite); the whole benchmark, TRL included, in --quick mode (slow; needs .venv-trl from
 scripts/setup_trl.sh)."""
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench_vs_trl.py"
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 STEP_LINE = re.compile(r"^rlkit/TRL GRPO step time (\d+\.\d+) \(rlkit (\d+\.\d+) s, TRL (\d+\.\d+) s\)$", re.M)
 RATIO_LINE = re.compile(r"^generation ratio (\d+\.\d+) \(rlkit (\d+\.\d+) s, TRL (\d+\.\d+) s\); "
@@ -20,7 +19,7 @@ RATIO_LINE = re.compile(r"^generation ratio (\d+\.\d+) \(rlkit (\d+\.\d+) s, TRL
 
 def _bench(tmp_path: Path, *extra: str, timeout: int) -> tuple[str, dict]:
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--work-dir", str(tmp_path / "work"),
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_vs_trl", "--quick", "--work-dir", str(tmp_path / "work"),
                            "--out", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())

@@ -1,9 +1,9 @@
-"""scripts/gpu_9x9.py: its overrides compose with the train schema (plan and interactive mode, the gpu and
+"""bench/gpu_9x9.py: its overrides compose with the train schema (plan and interactive mode, the gpu and
 8b_shapes sizes); it refuses a used output folder and bad arguments; its CPU dry run goes through the probe, the warm
 start and GRPO and reports the curves.
 
 The GPU run itself is not tested here (no GPU on the CI machines). The interactive dry run (~6 minutes on one loaded
-core: `python scripts/gpu_9x9.py --dry-run --mode interactive --budget-s 420 --threads 1`) has no test of its own.
+core: `python -m bench.gpu_9x9 --dry-run --mode interactive --budget-s 420 --threads 1`) has no test of its own.
 """
 
 import json
@@ -17,11 +17,10 @@ from hydra import compose, initialize_config_dir
 
 import rlkit.config  # noqa: F401  registers the schema
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench.common import GPU_SIZES
+from bench.gpu_9x9 import QWEN3_VL_8B_SHAPES, RECIPE, SIZES, common
 
-from scripts.gpu_9x9 import QWEN3_VL_8B_SHAPES, RECIPE, SIZES, common  # noqa: E402
-from scripts.gpu_check import GPU_SIZES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
@@ -76,7 +75,7 @@ def test_8b_shapes_are_qwen3_vl_8b_widths_and_build_a_valid_config():
 
     from rlkit.policy.tiny import TinyVLSizes, tiny_config
     from rlkit.policy.tokenizer import build_tiny_tokenizer
-    from scripts.bench_sync import QWEN3_VL_8B_TEXT
+    from bench.bench_sync import QWEN3_VL_8B_TEXT
 
     s = QWEN3_VL_8B_SHAPES
     t = QWEN3_VL_8B_TEXT  # the 8B's text config as the sync benchmark sizes it
@@ -107,21 +106,21 @@ def test_common_refuses_an_unknown_mode_or_sizes():
 
 
 def test_refuses_a_budget_that_is_not_positive(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--mode", "interactive",
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_9x9", "--dry-run", "--mode", "interactive",
                            "--budget-s", "0", "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "must be positive" in proc.stdout and not (tmp_path / "o").exists()
 
 
 def test_refuses_extra_overrides_that_are_not_key_value(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--out", str(tmp_path / "o"),
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_9x9", "--dry-run", "--out", str(tmp_path / "o"),
                            "--extra", "algorithm.entropy_coef"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not key=value" in proc.stdout and not (tmp_path / "o").exists()
 
 
 def test_refuses_an_output_folder_in_use(tmp_path):
     (tmp_path / "warm").mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_9x9", "--dry-run", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "is not empty" in proc.stdout and "new --out" in proc.stdout
@@ -131,7 +130,7 @@ def test_refuses_an_output_folder_in_use(tmp_path):
 @pytest.mark.slow  # ~2.5 minutes on a loaded 2-core machine
 def test_dry_run_reports_the_warm_start_and_grpo_curves(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_9x9.py"), "--dry-run", "--budget-s", "240",
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_9x9", "--dry-run", "--budget-s", "240",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "gpu_9x9: OK"

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh: its GPU plan composes and its sizes build; its CPU dry run passes end to end.
+"""bench/gpu_check.sh: its GPU plan composes and its sizes build; its CPU dry run passes end to end.
 
 The GPU run itself is not tested here (no GPU on the CI machines); the dry run executes the same
 phases (train, SIGKILL, resume, adapter sync, summary) tiny on CPU.
@@ -15,10 +15,10 @@ from hydra import compose, initialize_config_dir
 
 import rlkit.config  # noqa: F401  registers the schema
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench.common import GPU_SIZES
+from bench.gpu_check import peak_for, plan
 
-from scripts.gpu_check import GPU_SIZES, peak_for, plan  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
@@ -57,7 +57,7 @@ def test_peak_table_and_override(monkeypatch):
 def test_dry_run_passes_and_reports_sane_numbers(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("RLKIT_CRASH_AT", None)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "gpu_check: OK"
@@ -82,7 +82,7 @@ def test_without_cuda_it_stops_at_once_and_says_why(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--out", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--out", str(tmp_path)], cwd=ROOT,
                           env=dict(os.environ, PYTHON=sys.executable, DEVICE=""), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1

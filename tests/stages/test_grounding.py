@@ -166,7 +166,7 @@ def test_short_walls_run_reads_every_wall_bit(tmp_path):
     the blind control (the same steps, one fixed image) can only learn each bit's prior (~72%).
 
     Measured (bf16, 1 thread): 94.5% at step 75, 99.5% at 100, 100% from 150; blind 72.5-74.4%
-    from step 75 to 300 (scripts/bench_grounding.py --env visgym_small --tasks walls). The policy runs in the
+    from step 75 to 300 (python -m bench.bench_grounding --env visgym_small --tasks walls). The policy runs in the
     dtype ``auto`` resolves to (rlkit.hardware): bf16 with native bf16 matmuls, float32 elsewhere; in
     emulated bf16 an AVX2-only CPU took over 600 s here, in float32 it passes in 225 s of CPU time."""
     from rlkit.policy import load_policy

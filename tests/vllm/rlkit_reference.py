@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkit.policy import PromptInput, SamplingParams, load_policy, make_engine
     from rlkit.policy.lora import save_adapter
     from rlkit.policy.tiny import TinyVLSizes, build_tiny_policy
-    from scripts.bench_vllm_rollout import randomise_lora_b
+    from bench.common import randomise_lora_b
 
     torch.set_num_threads(1)
     out = args.out

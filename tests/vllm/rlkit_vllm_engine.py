@@ -29,7 +29,7 @@ from pathlib import Path
 from rlkit.distributed.reaper import (
     pid_alive,  # a zombie (exited, not reaped) counts as gone
 )
-from scripts.bench_vllm_rollout import randomise_lora_b
+from bench.common import randomise_lora_b
 from tests.vllm.rlkit_reference import LM_VISION_TARGETS
 
 

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from scripts.bench_vllm_rollout import randomise_lora_b
+from bench.common import randomise_lora_b
 from tests.vllm.rlkit_reference import LM_VISION_TARGETS
 
 

@@ -1,8 +1,8 @@
 """Adapter sync latency (publish / load) and the step-time overhead of backend=native_ray on this machine.
 
-    python scripts/bench_sync.py                      # everything below (~2-3 minutes on 2 CPU cores)
-    python scripts/bench_sync.py --skip-steps         # only the sync latencies
-    python scripts/bench_sync.py --shared-dir /shared # publish/load through another filesystem
+    python -m bench.bench_sync                        # everything below (~2-3 minutes on 2 CPU cores)
+    python -m bench.bench_sync --skip-steps           # only the sync latencies
+    python -m bench.bench_sync --shared-dir /shared # publish/load through another filesystem
 
 What is measured (wall clock; median and min over --reps after one warm-up):
 1. tiny policy (conf/policy/tiny_vl.yaml sizes, LoRA rank 16 on the language model's 7 linears):
@@ -38,10 +38,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rlkit.sync import AdapterSubscriber, publish_adapter, verify_version, version_dir  # noqa: E402
+from bench.common import ROOT, tiny_policy_kwargs, train_env
+from rlkit.sync import AdapterSubscriber, publish_adapter, verify_version, version_dir
 
 QWEN3_VL_8B_TEXT = dict(layers=36, hidden=4096, intermediate=12288, q_heads=32, kv_heads=8, head_dim=128)
 
@@ -69,14 +67,10 @@ def _stats(xs: list[float]) -> str:
 
 
 def bench_tiny(root: Path, reps: int) -> dict:
-    from omegaconf import OmegaConf
-
     from rlkit.policy import load_policy
     from rlkit.policy.lora import lora_state_dict
 
-    node = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml"))
-    node.pop("_target_")
-    node.update(cache_dir=str(Path(tempfile.gettempdir()) / "rlkit_bench_tiny"), device="cpu")
+    node = tiny_policy_kwargs()
     trainer, engine_side = load_policy(**node), load_policy(**node)
     with torch.no_grad():
         for p in trainer.trainable_parameters():
@@ -139,9 +133,7 @@ def bench_8b(root: Path, reps: int, dtype: torch.dtype) -> dict:
 
 def run_job(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
     out = tmp / name
-    env = dict(os.environ)
-    env.update(WANDB_MODE="offline", RLKIT_CACHE_DIR=str(tmp / "cache"), RLKIT_SHARED_DIR=str(tmp / "shared"),
-               PYTHONPATH=str(ROOT), RAY_AUTH_MODE=env.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0")
+    env = train_env(tmp, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_API_SERVER_ADDRESS", None)
     env.setdefault("RLKIT_RAY_METRICS_LINGER_S", "0")  # a private Ray instance: no end-of-job metrics wait

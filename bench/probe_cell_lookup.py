@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Probe: can the tiny Qwen3-VL read one cell of a maze image? (the diagnosis of issue 19)
 
 One question, "cell 4 3?" (the same cell of every 9x9 maze, answer " wall" or " free"), asked of a
@@ -6,27 +5,28 @@ freshly initialised tiny Qwen3VLForConditionalGeneration (full fine-tuning, fres
 every step, held-out accuracy on 256 mazes; the majority answer gets 50.4%). What the image tokens
 carry and where they sit are the variables (docs/grounding.md has the measured table):
 
-    .venv/bin/python scripts/probe_cell_lookup.py --variant image                 # HF init (pos-embed std 0.02): 50.4%
-    .venv/bin/python scripts/probe_cell_lookup.py --variant image --pos-std 0.5   # 100% by step 25
-    .venv/bin/python scripts/probe_cell_lookup.py --variant blind --pos-std 0.5   # control: one fixed image, 50.4%
-    .venv/bin/python scripts/probe_cell_lookup.py --variant oracle2d              # '#'/'.' embeddings at 2D MRoPE positions
-    .venv/bin/python scripts/probe_cell_lookup.py --variant oracle1d              # the same at 1D positions: 100% by step 100
-    .venv/bin/python scripts/probe_cell_lookup.py --variant oracle2d --abs 1      # + a learned per-cell code
-    .venv/bin/python scripts/probe_cell_lookup.py --task rand --pos-std 0.5       # random cell named in the question
+    .venv/bin/python -m bench.probe_cell_lookup --variant image                   # HF init (pos-embed std 0.02): 50.4%
+    .venv/bin/python -m bench.probe_cell_lookup --variant image --pos-std 0.5     # 100% by step 25
+    .venv/bin/python -m bench.probe_cell_lookup --variant blind --pos-std 0.5     # control: one fixed image, 50.4%
+    .venv/bin/python -m bench.probe_cell_lookup --variant oracle2d                # '#'/'.' embeddings at 2D MRoPE positions
+    .venv/bin/python -m bench.probe_cell_lookup --variant oracle1d                # the same at 1D positions: 100% by step 100
+    .venv/bin/python -m bench.probe_cell_lookup --variant oracle2d --abs 1        # + a learned per-cell code
+    .venv/bin/python -m bench.probe_cell_lookup --task rand --pos-std 0.5         # random cell named in the question
 
 About 1 s a step on one core (it sets no thread count: run it with OMP_NUM_THREADS=1).
 """
-import sys
-from pathlib import Path
+import argparse
+import json
+import time
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import argparse, json, math, time, sys
-import numpy as np, torch
+import numpy as np
+import torch
 from transformers import Qwen2VLImageProcessorPil, Qwen3VLForConditionalGeneration
-from rlkit.policy.tiny import TinyVLSizes, tiny_config
-from rlkit.policy.tokenizer import build_tiny_tokenizer, VISION_START, VISION_END, IMAGE_PAD
+
 from envs.visgym.maze import generate_maze
 from envs.visgym.render import render_image
+from rlkit.policy.tiny import TinyVLSizes, tiny_config
+from rlkit.policy.tokenizer import IMAGE_PAD, VISION_END, VISION_START, build_tiny_tokenizer
 
 p = argparse.ArgumentParser()
 p.add_argument("--variant", default="image", choices=["image", "blind", "oracle2d", "oracle1d"])

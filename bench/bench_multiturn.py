@@ -1,8 +1,8 @@
 """A multi-turn GRPO step against a plan-mode step, with and without KV reuse across turns.
 
-    python scripts/bench_multiturn.py                        # tiny_vl conf sizes, 4 tasks x 4, 6 turns
-    python scripts/bench_multiturn.py --turns 2 4 6 --reps 3 # several episode lengths
-    python scripts/bench_multiturn.py --sizes issue15        # issue 15's model sizes (bench_update.py)
+    python -m bench.bench_multiturn                          # tiny_vl conf sizes, 4 tasks x 4, 6 turns
+    python -m bench.bench_multiturn --turns 2 4 6 --reps 3 # several episode lengths
+    python -m bench.bench_multiturn --sizes issue15          # issue 15's model sizes (bench_update.py)
 
 Workload (issue 15): a fresh tiny policy (random weights, LoRA as in the config) on VisGym
 maze_2d/easy, ``--tasks`` training mazes x ``--group`` samples, temperature 1, rollout.max_new_tokens
@@ -30,24 +30,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from envs.visgym import VisGymMaze  # noqa: E402
-from rewards import MazeExit  # noqa: E402
-from rlkit.algorithms.grpo import group_advantages  # noqa: E402
-from rlkit.config import AlgorithmConfig  # noqa: E402
-from rlkit.policy import SamplingParams, TransformersEngine  # noqa: E402
-from rlkit.rollout import rollout  # noqa: E402
-from rlkit.update import grpo_update  # noqa: E402
-from scripts.bench_update import build_policy  # noqa: E402
+from bench.common import ROOT, tiny_policy
+from envs.visgym import VisGymMaze
+from rewards import MazeExit
+from rlkit.algorithms.grpo import group_advantages
+from rlkit.config import AlgorithmConfig
+from rlkit.policy import SamplingParams, TransformersEngine
+from rlkit.rollout import rollout
+from rlkit.update import grpo_update
 
 
 class TimedEngine:
@@ -122,7 +117,7 @@ def main() -> None:
     algo_yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "algorithm" / "grpo.yaml"))
     algo = AlgorithmConfig(**algo_yaml)
 
-    policy = build_policy(args)
+    policy = tiny_policy(args)
     opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)
     reward = MazeExit()
     seeds = [1000 + i for i in range(args.tasks)]

@@ -1,11 +1,11 @@
 """The 9x9 recipe with a larger tiny Qwen3-VL on one GPU: warm start + GRPO inside one time budget.
 
-    python scripts/gpu_9x9.py --budget-s 480           # on a CUDA machine (what it is for)
-    python scripts/gpu_9x9.py --dry-run                # the same phases, tiny, on CPU (~3 minutes)
-    bash scripts/gpu_interactive.sh [--sizes 8b_shapes] # the interactive setting (--mode interactive), <= 10 minutes
-    python scripts/gpu_9x9.py --dry-run --mode interactive --budget-s 420 --threads 1   # its CPU dry run (~6 minutes)
+    python -m bench.gpu_9x9 --budget-s 480             # on a CUDA machine (what it is for)
+    python -m bench.gpu_9x9 --dry-run                  # the same phases, tiny, on CPU (~3 minutes)
+    bash bench/gpu_interactive.sh [--sizes 8b_shapes] # the interactive setting (--mode interactive), <= 10 minutes
+    python -m bench.gpu_9x9 --dry-run --mode interactive --budget-s 420 --threads 1     # its CPU dry run (~6 minutes)
 
-It answers issue 19's GPU question: with a GPU's speed, does a larger tiny policy (scripts/gpu_check.py's
+It answers issue 19's GPU question: with a GPU's speed, does a larger tiny policy (bench/common.py's
 GPU_SIZES, ~106M parameters) learn VisGym maze_2d/easy (``env=visgym``, 9x9, evaluated on upstream's
 visgym_easy_64) from scratch inside one prepared run of a few minutes? Everything goes through
 ``train.py`` (the product path), in three subprocesses sharing one cache folder:
@@ -63,7 +63,7 @@ conf/policy/tiny_vl.yaml's defaults whatever ``--sizes`` says. The overrides of 
 
 Bounded: each phase is a subprocess killed at its limit, and every limit ends by the deadline (--budget-s, from the
 script's start), so the script ends within the budget plus its start (a few seconds) and the summary;
-scripts/gpu_interactive.sh adds a hard ``timeout`` (590 s + 10 s to kill) around it.
+bench/gpu_interactive.sh adds a hard ``timeout`` (590 s + 10 s to kill) around it.
 """
 
 from __future__ import annotations
@@ -71,17 +71,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from scripts.gpu_check import GPU_SIZES, Deadline, metrics_rows, run_phase  # noqa: E402
+from bench.common import GPU_SIZES, ROOT, Deadline, metrics_rows, run_phase, train_env
 
 #: The 7x7 recipe's GRPO settings (conf/recipe/tiny_vl_visgym_small.yaml) as of the H200 run, applied to 9x9. The
 #: recipe has since added ``algorithm.entropy_coef=0.01`` (session 14, measured on CPU only): pass it through
@@ -116,7 +112,7 @@ SIZES_POLICY = {"gpu": {}, "8b_shapes": {"policy.lora.rank": "32", "policy.lora.
 MODES = {"plan": {"env": "visgym"},
          "interactive": {"env": "visgym_interactive", "rollout.max_new_tokens": "16"}}
 
-#: Default --budget-s per mode (seconds, all phases together). Both fit scripts/gpu_interactive.sh's 10-minute
+#: Default --budget-s per mode (seconds, all phases together). Both fit bench/gpu_interactive.sh's 10-minute
 #: backstop (590 s + 10 s) with the process start and the summary.
 DEFAULT_BUDGET_S = {"plan": 480.0, "interactive": 540.0}
 
@@ -172,7 +168,7 @@ def main() -> int:
                     help="plan: one turn, the whole route (env=visgym); interactive: one move a turn, 18 turns "
                          "(env=visgym_interactive)")
     ap.add_argument("--sizes", choices=sorted(SIZES), default="gpu",
-                    help="gpu: ~106M (scripts/gpu_check.py GPU_SIZES); 8b_shapes: Qwen3-VL-8B's widths and heads, "
+                    help="gpu: ~106M (bench/common.py GPU_SIZES); 8b_shapes: Qwen3-VL-8B's widths and heads, "
                          "2 decoder layers, 2 vision blocks (~506M). Not read by --dry-run")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="deadline for all phases together (seconds; default: 480 plan, 540 interactive)")
@@ -217,9 +213,7 @@ def main() -> int:
             print(f"gpu_9x9: FAILED: torch {torch.__version__} sees no CUDA device; run --dry-run on CPU", flush=True)
             return 1
         summary["device_name"] = torch.cuda.get_device_name(0)
-    env = dict(os.environ, RLKIT_CACHE_DIR=str(cache), RLKIT_SHARED_DIR=str(out / "shared"), WANDB_MODE="offline",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS=str(args.threads),
-               HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
+    env = train_env(out, OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
     shared = common(args.dry_run, args.sft_lr, args.lr, args.mode, args.sizes)
     shared.update(kv.split("=", 1) for kv in args.extra)
     summary["extra"] = args.extra
@@ -254,7 +248,7 @@ def main() -> int:
                           sft__target_success=1.0, steps=PROBE[args.mode]["grpo_steps"],
                           trainer__eval_before_train="false", trainer__eval_interval=0, eval__num_tasks=8,
                           hydra__run__dir=out / "probe")
-        rc, text, dt = run_phase("probe", probe, env, PROBE[args.mode]["limit_s"], deadline, out)
+        rc, text, dt = run_phase("gpu_9x9", "probe", probe, env, PROBE[args.mode]["limit_s"], deadline, out)
         summary["probe_s"] = round(dt, 1)
         ps_path = newest_sft_summary(cache)
         ps = json.loads(ps_path.read_text()) if ps_path else None
@@ -277,7 +271,7 @@ def main() -> int:
     sft_steps = args.sft_steps or max(25, int(args.sft_share * left / sft_step_s) // 25 * 25)
     sft_eval_every = max(25, sft_steps // 8 // 25 * 25)
     warm = train_cmd(sft__max_steps=sft_steps, sft__eval_every=sft_eval_every, steps=0, hydra__run__dir=out / "warm")
-    rc, text, dt = run_phase("warm_start", warm, env, deadline.left() - setup_s - 20, deadline, out)
+    rc, text, dt = run_phase("gpu_9x9", "warm_start", warm, env, deadline.left() - setup_s - 20, deadline, out)
     summary["warm_start_phase_s"] = round(dt, 1)
     ws_path = newest_sft_summary(cache)
     ws = json.loads(ws_path.read_text()) if ws_path else None
@@ -301,7 +295,7 @@ def main() -> int:
                      trainer__eval_interval=interval, eval__seen_tasks=8 if args.dry_run else 64,
                      hydra__run__dir=out / "grpo")
     summary.update(grpo_steps_planned=steps, grpo_eval_interval=interval)
-    rc, text, dt = run_phase("grpo", grpo, env, deadline.left(), deadline, out)
+    rc, text, dt = run_phase("gpu_9x9", "grpo", grpo, env, deadline.left(), deadline, out)
     summary["grpo_phase_s"] = round(dt, 1)
     rows = metrics_rows(out / "grpo")
     wall = {r["step"]: r["trainer/wall_time_s"] for r in rows if "trainer/wall_time_s" in r}

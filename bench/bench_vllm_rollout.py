@@ -1,7 +1,7 @@
 """One training step's rollout with rlkit's engine and with vLLM's CPU engine (``rollout.engine=vllm``), on a warm start.
 
-    RLKIT_CACHE_DIR=... python scripts/bench_vllm_rollout.py --base .cache/sft/<key>        # ~2 minutes
-    python scripts/bench_vllm_rollout.py --base CKPT --tasks 16 --group 8 --reps 3 --json out.json
+    RLKIT_CACHE_DIR=... python -m bench.bench_vllm_rollout --base .cache/sft/<key>          # ~2 minutes
+    python -m bench.bench_vllm_rollout --base CKPT --tasks 16 --group 8 --reps 3 --json out.json
 
 What is measured (wall clock, median and min over ``--reps`` after one warm-up call, one thread a process):
 - the engines' start-up: rlkit's engine needs none beyond the policy; vLLM's from spawn to ready (rlkit.policy.vllm_engine);
@@ -23,21 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def randomise_lora_b(model, seed: int, std: float) -> None:
-    """Set every LoRA B matrix of ``model`` to N(0, std^2) entries drawn from a generator seeded with ``seed``
-    (parameters in name order), so the adapter changes outputs as a trained one does (B = 0 at init leaves the base
-    model's outputs). Shared by this benchmark and the vLLM parity tests (tests/vllm/rlkit_reference.py)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+from bench.common import randomise_lora_b
 
 
 def main(argv: list[str] | None = None) -> int:

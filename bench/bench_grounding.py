@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Grounding accuracy over steps, beside its blind control (issue 19).
 
 Trains the tiny policy's grounding stage (rlkit.stages.grounding) twice from the same initial weights:
@@ -6,9 +5,9 @@ once on the real images, once with every image replaced by one fixed image (the 
 which can learn only the questions' prior). Writes per-task held-out exact-match accuracy vs step
 for both to ``<out>/grounding_curve.json`` and ``<out>/grounding_curve.png`` and prints the table.
 
-    .venv/bin/python scripts/bench_grounding.py --steps 600 --out bench_out/grounding
-    .venv/bin/python scripts/bench_grounding.py --tasks cell --steps 200      # one task
-    .venv/bin/python scripts/bench_grounding.py --env visgym_small --tasks walls --steps 300   # 7x7 wall bits
+    .venv/bin/python -m bench.bench_grounding --steps 600 --out bench_out/grounding
+    .venv/bin/python -m bench.bench_grounding --tasks cell --steps 200        # one task
+    .venv/bin/python -m bench.bench_grounding --env visgym_small --tasks walls --steps 300     # 7x7 wall bits
 
 Give it a core of its own (it sets 1 torch thread); a run of 600 steps takes about 10 minutes
 per arm on one core of the 2-core dev machine.
@@ -18,22 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from envs.visgym.spec import VisGymMaze  # noqa: E402
-from rlkit.config import GroundingConfig  # noqa: E402
-from rlkit.stages.grounding import format_table, train_grounding  # noqa: E402
-from rlkit.policy import load_policy  # noqa: E402
-from rlkit.policy.tiny import default_cache_dir  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT
+from envs.visgym.spec import VisGymMaze
+from rlkit.config import GroundingConfig
+from rlkit.policy import load_policy
+from rlkit.policy.tiny import default_cache_dir
+from rlkit.stages.grounding import format_table, train_grounding
 
 
 def main() -> None:

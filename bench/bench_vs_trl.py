@@ -1,9 +1,9 @@
 """GRPO step time of rlkit against Hugging Face TRL's GRPOTrainer on the same workload, side by side.
 
     bash scripts/setup_trl.sh                                        # once: builds .venv-trl (TRL 1.16.0)
-    taskset -c 1 .venv/bin/python scripts/bench_vs_trl.py            # fp32 and bf16, 12 steps a run, 2 rounds
-    .venv/bin/python scripts/bench_vs_trl.py --dtypes fp32 --steps 10 --rounds 1 --out /tmp/x.json
-    .venv/bin/python scripts/bench_vs_trl.py --quick                 # a tiny run (tests)
+    taskset -c 1 .venv/bin/python -m bench.bench_vs_trl              # fp32 and bf16, 12 steps a run, 2 rounds
+    .venv/bin/python -m bench.bench_vs_trl --dtypes fp32 --steps 10 --rounds 1 --out /tmp/x.json
+    .venv/bin/python -m bench.bench_vs_trl --quick                   # a tiny run (tests)
 
 Run it with rlkit's ``.venv/bin/python``: it builds one tiny Qwen3-VL checkpoint and launches each side
 as a subprocess of this same file (``--worker rlkit`` in .venv, ``--worker trl`` in .venv-trl), each
@@ -11,7 +11,7 @@ pinned to one torch thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), CPU on
 to one core with ``taskset`` on a shared machine.
 
 Workload (issue 15's): a tiny Qwen3-VL built offline with random weights (rlkit.policy.tiny: text 256 wide
-x 4 layers, head_dim 64; vision 128 x 2, patch 16: ``scripts/bench_sizes.py``'s ISSUE15_SIZES), saved with
+x 4 layers, head_dim 64; vision 128 x 2, patch 16: ``bench/common.py``'s ISSUE15_SIZES), saved with
 save_pretrained (model, tokenizer, image processor, chat template) and loaded from that folder by both
 sides. VisGym maze_2d/easy in plan mode (conf/env/visgym.yaml): system prompt + one 225x225 maze image
 (49 image tokens) + text = a 159-token prompt; 8 tasks x 8 samples (G=8) a step, the same training mazes
@@ -70,10 +70,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from scripts.bench_sizes import ISSUE15_SIZES  # noqa: E402  (torch-free)
+from bench.common import ISSUE15_SIZES, ROOT, matmul_peak  # torch-free at import
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 #: LoRA targets on TRL's side: the language model's linears, as rlkit's "all-linear" resolves them
@@ -250,7 +247,6 @@ def update_flops(run, policy, args) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from rlkit.update import grpo_update
-    from scripts.bench_policy import matmul_peak
 
     trajs, adv = run.last_batch
     opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)
@@ -430,7 +426,7 @@ def run_side(side: str, dtype: str, args, model_dir: Path, work: Path, tag: str)
     py = {"rlkit": args.rlkit_python, "trl": args.trl_python}[side]
     result = work / f"{tag}.json"
     log = work / f"{tag}.log"
-    cmd = [py, str(Path(__file__).resolve()), "--worker", side, "--dtype", dtype, "--steps", str(args.steps),
+    cmd = [py, "-m", "bench.bench_vs_trl", "--worker", side, "--dtype", dtype, "--steps", str(args.steps),
            "--model-dir", str(model_dir), "--work-dir", str(work / tag), "--result", str(result)]
     if args.quick:
         cmd.append("--quick")

@@ -1,13 +1,13 @@
 """GPU readiness check of backend=native: one prepared run of at most 8 minutes, with numbers.
 
-    bash scripts/gpu_check.sh                 # on a CUDA machine (what it is for)
-    bash scripts/gpu_check.sh --dry-run       # the same phases, tiny, on CPU (~1-2 minutes; the tests run this)
+    bash bench/gpu_check.sh                   # on a CUDA machine (what it is for)
+    bash bench/gpu_check.sh --dry-run         # the same phases, tiny, on CPU (~1-2 minutes; the tests run this)
 
 Phases (each a subprocess with its own time limit, all inside one deadline, --budget-s, 450 s by default;
-scripts/gpu_check.sh adds a hard `timeout` of 480 s around everything):
+bench/gpu_check.sh adds a hard `timeout` of 480 s around everything):
 
-1. train + kill: ``train.py backend=native`` with a larger tiny Qwen3-VL (~100M parameters, GPU_SIZES
-   below) on ``policy.device=cuda policy.dtype=bfloat16 policy.attn_implementation=sdpa
+1. train + kill: ``train.py backend=native`` with a larger tiny Qwen3-VL (~100M parameters, GPU_SIZES of
+   bench/common.py) on ``policy.device=cuda policy.dtype=bfloat16 policy.attn_implementation=sdpa
    algorithm.shared_prefix=true``, LoRA r16, B x G rollouts with transformers generation on the device,
    a checkpoint every step (all kept), no SFT warm start (random weights: rewards are all 0, so a small
    ``algorithm.entropy_coef`` keeps the gradient non-zero and the adapter moving). The process is
@@ -59,19 +59,11 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-#: A larger tiny Qwen3-VL for the GPU (~100M parameters: 8 decoder layers of 1024, GQA 16/4 heads of
-#: 64, SwiGLU 3072; vision 4 blocks of 256). Image geometry as conf/policy/tiny_vl.yaml (81 image
-#: tokens per 9x9 maze), vocabulary 1024 (the locally trained tokenizer).
-GPU_SIZES = dict(text_hidden=1024, text_layers=8, text_heads=16, text_kv_heads=4, head_dim=64,
-                 text_intermediate=3072, vision_hidden=256, vision_depth=4, vision_heads=4,
-                 vision_intermediate=1024)
+from bench.common import GPU_SIZES, ROOT, Deadline, metrics_rows, run_phase, tiny_policy_kwargs, train_env
 
 #: bf16 dense tensor-core peak (TFLOP/s, no sparsity) from NVIDIA's data sheets, matched in order
 #: against torch.cuda.get_device_name(). H100/H200 SXM: 1,979 TFLOP/s "with sparsity" -> 989.5 dense.
@@ -93,7 +85,7 @@ def peak_for(device_name: str) -> tuple[float | None, str]:
 def plan(dry_run: bool, dtype: str | None = None) -> dict:
     """The workload: train.py overrides and the policy kwargs the measure phase rebuilds the same model from."""
     if dry_run:
-        p = dict(device="cpu", dtype="float32", tiny={}, steps=3, B=2, G=4, new_tokens=16, micro=8, eval_tasks=2)
+        p = dict(device="cpu", dtype="float32", tiny={}, steps=3, B=2, G=4, new_tokens=32, micro=8, eval_tasks=2)
     else:
         p = dict(device="cuda", dtype="bfloat16", tiny=GPU_SIZES, steps=6, B=8, G=8, new_tokens=64, micro=32,
                  eval_tasks=8)
@@ -115,37 +107,6 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class Deadline:
-    def __init__(self, budget_s: float):
-        self.end = time.monotonic() + budget_s
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-
-def run_phase(name: str, cmd: list[str], env: dict, limit_s: float, deadline: Deadline, log_dir: Path) -> tuple[int, str, float]:
-    """Run one phase; returns (returncode, stdout, seconds). Output goes to <log_dir>/<name>.log too.
-    A phase past its limit (or the deadline) is killed and returns 124."""
-    limit = max(1.0, min(limit_s, deadline.left()))
-    t0 = time.monotonic()
-    print(f"gpu_check: phase {name} (limit {limit:.0f} s)", flush=True)
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = 124
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + f"\n[timed out after {limit:.0f} s]"
-    dt = time.monotonic() - t0
-    (log_dir / f"{name}.log").write_text(out + "\n--- stderr ---\n" + err)
-    return rc, out + err, dt
-
-
-def metrics_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
-
-
 # ------------------------------------------------------------------------------------ measure phase
 def measure(args) -> None:
     """Child process: adapter sync through rlkit.sync on the device, parameter counts, CPU peak."""
@@ -155,8 +116,8 @@ def measure(args) -> None:
 
     from rlkit.policy import load_policy
     from rlkit.policy.lora import lora_state_dict
+    from bench.common import decoder_matmul_params, matmul_peak, vision_flops
     from rlkit.sync import AdapterSubscriber, publish_adapter
-    from scripts.bench_policy import decoder_matmul_params, matmul_peak, vision_flops
 
     torch.set_num_threads(1)
     kwargs = json.loads(args.policy_kwargs)
@@ -279,15 +240,14 @@ def main() -> int:
         summary["device_name"] = "cpu"
         peak, peak_src = None, "measured fp32 matmul (1 thread)"
 
-    env = dict(os.environ, RLKIT_CACHE_DIR=str(cache), RLKIT_SHARED_DIR=str(out / "shared"), WANDB_MODE="offline",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               HYDRA_FULL_ERROR="1")
+    env = train_env(out, OMP_NUM_THREADS="1")
     env.pop("RLKIT_CRASH_AT", None)
     train = [sys.executable, str(ROOT / "train.py"), *p["overrides"], f"hydra.run.dir={run}"]
     crash_step, resume_step = p["steps"] - 1, p["steps"] - 2
 
     # 1. train until SIGKILL inside the update of step steps-1
-    rc, text, dt = run_phase("train", train, dict(env, RLKIT_CRASH_AT=f"update@{crash_step}"), 240, deadline, out)
+    rc, text, dt = run_phase("gpu_check", "train", train, dict(env, RLKIT_CRASH_AT=f"update@{crash_step}"), 240,
+                             deadline, out)
     summary["train_phase_s"] = round(dt, 1)
     if rc != -9:
         failures.append(f"train phase: expected the injected SIGKILL (-9) in step {crash_step}, got exit {rc}: "
@@ -301,7 +261,7 @@ def main() -> int:
 
     # 2. resume in the same folder
     if not failures:
-        rc, text, dt = run_phase("resume", train, env, 180, deadline, out)
+        rc, text, dt = run_phase("gpu_check", "resume", train, env, 180, deadline, out)
         summary["resume_phase_s"] = round(dt, 1)
         if rc != 0:
             failures.append(f"resume phase: exit {rc}: {text.strip()[-1500:]}")
@@ -331,9 +291,9 @@ def main() -> int:
     m = None
     if not failures:
         kwargs = _policy_kwargs(p, cache)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "measure", "--run", str(run),
+        cmd = [sys.executable, "-m", "bench.gpu_check", "--phase", "measure", "--run", str(run),
                "--policy-kwargs", json.dumps(kwargs), "--reps", str(args.reps), "--sync-dir", str(out)]
-        rc, text, dt = run_phase("measure", cmd, env, 120, deadline, out)
+        rc, text, dt = run_phase("gpu_check", "measure", cmd, env, 120, deadline, out)
         line = next((ln for ln in text.splitlines() if ln.startswith("MEASURE ")), None)
         if rc != 0 or line is None:
             failures.append(f"measure phase: exit {rc}: {text.strip()[-1500:]}")
@@ -375,12 +335,8 @@ def main() -> int:
 
 def _policy_kwargs(p: dict, cache: Path) -> dict:
     """load_policy kwargs of the policy train.py builds with these overrides (conf/policy/tiny_vl.yaml + p)."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml"), resolve=False)
-    node.pop("_target_")
-    node.update(tiny={**node["tiny"], **p["tiny"]}, dtype=p["dtype"], device=p["device"],
-                attn_implementation="sdpa", cache_dir=str(cache / "tiny_vl"))
+    node = tiny_policy_kwargs(cache / "tiny_vl", tiny=p["tiny"], dtype=p["dtype"], device=p["device"],
+                              attn_implementation="sdpa")
     node["lora"]["enabled"] = True  # train.py builds the GRPO policy with train_mode="lora"
     return node
 
@@ -404,5 +360,4 @@ def _print_summary(s: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Downloads, into .whl/, the wheels that a CUDA machine's own Python 3.12 image (torch preinstalled, no
 # network) needs to run train.py backend=native with logger=console: rlkit's pinned transformers / peft /
-# tokenizers and the config stack the image lacks. Used for the H200 run of scripts/gpu_9x9.py
+# tokenizers and the config stack the image lacks. Used for the H200 run of bench/gpu_9x9.py
 # (2026-12-04: that image had torch 2.11.0+cu130 and transformers 5.17, so rlkit's 5.8.1 went along).
 #
-#   bash scripts/gpu_wheels.sh            # here, with PyPI access -> .whl/ (~16 MB)
+#   bash bench/gpu_wheels.sh              # here, with PyPI access -> .whl/ (~16 MB)
 #   # there, before anything else:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 #

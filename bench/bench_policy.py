@@ -1,7 +1,7 @@
 """Throughput of the tiny policy on this machine: generation, training, model FLOPs, matmul peak, MFU.
 
-    python scripts/bench_policy.py                        # conf/policy/tiny_vl.yaml sizes, 1 thread
-    python scripts/bench_policy.py --threads 2 --prompts 16 --group 8 --new-tokens 32
+    python -m bench.bench_policy                        # conf/policy/tiny_vl.yaml sizes, 1 thread
+    python -m bench.bench_policy --threads 2 --prompts 16 --group 8 --new-tokens 32
 
 What is measured (wall clock, best of --reps after a full-size warm-up call):
 - generation: ``TransformersEngine.generate`` on ``--prompts`` maze-like prompts (system + one 225x225 maze
@@ -20,75 +20,14 @@ What is measured (wall clock, best of --reps after a full-size warm-up call):
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
-from omegaconf import OmegaConf
-from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rlkit.policy import PromptInput, SamplingParams, TransformersEngine, load_policy  # noqa: E402
-from rlkit.policy.logprobs import sequence_batch  # noqa: E402
-
-
-def maze_image(seed: int, cells: int = 9, px: int = 25) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    grid = rng.random((cells, cells)) < 0.3
-    img = np.where(grid[..., None], 0, 255).astype(np.uint8).repeat(3, axis=2)
-    img[rng.integers(cells), rng.integers(cells)] = [255, 0, 0]
-    img[rng.integers(cells), rng.integers(cells)] = [0, 255, 0]
-    return Image.fromarray(img.repeat(px, axis=0).repeat(px, axis=1))
-
-
-SYSTEM = "You are an agent in a 2D maze. Reach the green goal."
-PROMPT = (
-    "The image shows the maze: walls are black, free cells are white, you are the red cell. "
-    "Choose one action: ('move', 0) right, ('move', 1) up, ('move', 2) left, ('move', 3) down, "
-    "('stop', 'stop'). Answer inside <answer></answer>."
-)
-
-
-def matmul_peak(n: int = 2048, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """``torch.matmul`` FLOP/s of two n x n matrices in ``dtype`` (best of ``reps``) at the current torch
-    thread count."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
-
-
-def decoder_matmul_params(policy) -> int:
-    """Weights used as matmuls once per token: decoder layers + lm_head (not the embedding lookup, not LoRA)."""
-    return sum(
-        p.numel()
-        for name, p in policy.hf_model.named_parameters()
-        if p.dim() >= 2 and "lora_" not in name and (".language_model.layers." in name or name.startswith("lm_head"))
-    )
-
-
-def vision_flops(policy, patches: int) -> float:
-    """Forward FLOPs of the vision tower on one image of ``patches`` patches (full attention inside the image)."""
-    v = policy.hf_model.config.vision_config
-    visual = policy.hf_model.model.visual
-    blocks = sum(p.numel() for p in visual.blocks.parameters() if p.dim() >= 2)
-    mergers = sum(p.numel() for n, p in visual.named_parameters() if "merger" in n and p.dim() >= 2)
-    return (
-        2 * visual.patch_embed.proj.weight.numel() * patches
-        + 2 * blocks * patches
-        + v.depth * 4 * v.hidden_size * patches**2
-        + 2 * mergers * patches / v.spatial_merge_size**2
-    )
+from bench.common import (PROMPT, SYSTEM, decoder_matmul_params, matmul_peak, maze_image, tiny_policy_kwargs,
+                          vision_flops)
+from rlkit.policy import PromptInput, SamplingParams, TransformersEngine, load_policy
+from rlkit.policy.logprobs import sequence_batch
 
 
 def flops_per_sequence(policy, seq_len: int, n_images: int, patches_per_image: int) -> float:
@@ -101,12 +40,7 @@ def flops_per_sequence(policy, seq_len: int, n_images: int, patches_per_image: i
 
 def bench(args) -> None:
     torch.set_num_threads(args.threads)
-    node = OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml")
-    node.cache_dir = args.cache_dir or os.path.join(tempfile.gettempdir(), "rlkit_bench_cache")
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    kwargs.pop("_target_")
-    kwargs["device"] = "cpu"
-    policy = load_policy(**kwargs)
+    policy = load_policy(**tiny_policy_kwargs(args.cache_dir))
     n = policy.num_parameters()
     print(f"tiny policy: vision {n['vision']:,} / text {n['text']:,} / total {n['total']:,} params "
           f"(LoRA trainable {n['trainable']:,}); threads {args.threads}")

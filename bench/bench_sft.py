@@ -1,8 +1,8 @@
 """Time of one supervised warm-start step (rlkit.stages.sft.train_sft's forward + backward + AdamW) by dtype and
 by whether the batch's common prefix (the system prompt) runs once.
 
-    python scripts/bench_sft.py                  # conf/policy/tiny_vl.yaml sizes, 32 VisGym 9x9 demonstrations
-    python scripts/bench_sft.py --reps 7 --batch 16
+    python -m bench.bench_sft                    # conf/policy/tiny_vl.yaml sizes, 32 VisGym 9x9 demonstrations
+    python -m bench.bench_sft --reps 7 --batch 16
 
 Workload: ``--batch`` solver demonstrations of conf/env/visgym.yaml (training seeds 1000..), encoded
 as train_sft encodes them; full fine-tuning of a freshly built tiny Qwen3-VL (as the warm start
@@ -19,30 +19,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rlkit.demonstrations import demonstration_trajectories  # noqa: E402
-from rlkit.policy import load_policy  # noqa: E402
+from bench.common import BENCH_CACHE, ROOT, tiny_policy_kwargs
+from rlkit.demonstrations import demonstration_trajectories
+from rlkit.policy import load_policy
 
 VARIANTS = [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)]
 
 
 def build(dtype: str, cache_dir: str):
-    node = OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml")
-    node.cache_dir = cache_dir
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    kwargs.pop("_target_")
-    kwargs.update(device="cpu", dtype=dtype)
+    kwargs = tiny_policy_kwargs(cache_dir, dtype=dtype)
     kwargs["lora"]["enabled"] = False  # the warm start trains all weights
     policy = load_policy(**kwargs)
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=1e-3)
@@ -66,7 +57,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "rlkit_bench_cache"))
+    ap.add_argument("--cache-dir", default=str(BENCH_CACHE))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     spec = instantiate(OmegaConf.load(ROOT / "conf" / "env" / "visgym.yaml"))

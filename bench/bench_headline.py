@@ -6,9 +6,9 @@ evaluation set vs GRPO step and vs training wall time (seconds, SFT excluded: it
 reported separately), the first step/time at which the target is reached, and writes
 ``headline.json`` (+ ``headline.png`` when matplotlib is available) in the output folder.
 
-    .venv/bin/python scripts/bench_headline.py --seeds 0 1 2 --out runs/headline
-    .venv/bin/python scripts/bench_headline.py --out runs/headline_interactive -- env=visgym_interactive
-    .venv/bin/python scripts/bench_headline.py --seeds 0 --out runs/gap -- eval.seen_tasks=64   # + trained-on tasks
+    .venv/bin/python -m bench.bench_headline --seeds 0 1 2 --out runs/headline
+    .venv/bin/python -m bench.bench_headline --out runs/headline_interactive -- env=visgym_interactive
+    .venv/bin/python -m bench.bench_headline --seeds 0 --out runs/gap -- eval.seen_tasks=64     # + trained-on tasks
 
 With ``eval.seen_tasks`` the runs also evaluate the tasks they trained on: a ``trained-on`` column and dotted
 curves beside the held-out ones (the generalisation gap; on 7x7 the warm start has seen every training layout).
@@ -47,11 +47,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from rlkit.hardware import cpu_record  # noqa: E402
+from bench.common import ROOT
+from rlkit.hardware import cpu_record
 
 MACHINE_FILE = "bench_machine.json"
 

@@ -1,6 +1,6 @@
 """How often consecutive turns of one episode repeat each other's tokens, position by position (issue 72).
 
-    python scripts/bench_turn_draws.py                # tiny_vl conf sizes, random init, 8 tasks x 4, 6 turns, T=1
+    python -m bench.bench_turn_draws                  # tiny_vl conf sizes, random init, 8 tasks x 4, 6 turns, T=1
 
 A random-init tiny policy (conf/policy/tiny_vl.yaml, LoRA as configured) plays conf/env/visgym_interactive.yaml
 with ``--turns`` turns; its junk never parses, so every episode uses all of them. For each episode and each pair
@@ -16,18 +16,13 @@ same word. Three ways to seed the engine calls, in one run:
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import rlkit.rollout as rollout_mod  # noqa: E402
-from envs.visgym import VisGymMaze  # noqa: E402
-from rlkit.policy import SamplingParams, TransformersEngine  # noqa: E402
-from scripts.bench_update import build_policy  # noqa: E402
+import rlkit.rollout as rollout_mod
+from bench.common import tiny_policy
+from envs.visgym import VisGymMaze
+from rlkit.policy import SamplingParams, TransformersEngine
 
 
 def equal_words(trajs) -> tuple[int, int]:
@@ -51,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    policy = build_policy(args)
+    policy = tiny_policy(args)
     engine = TransformersEngine(policy)
     env = VisGymMaze(variant="easy", mode="interactive", parser="tuple", max_turns=args.turns)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=args.seed)

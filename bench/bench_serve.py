@@ -1,7 +1,7 @@
 """A small, bounded load test of an OpenAI-compatible endpoint: requests/s and latency percentiles.
 
-    python scripts/bench_serve.py                                   # starts a local server (tiny policy + a random adapter)
-    python scripts/bench_serve.py --url http://127.0.0.1:8000/v1 --model maze --requests 40 --concurrency 4
+    python -m bench.bench_serve                                     # starts a local server (tiny policy + a random adapter)
+    python -m bench.bench_serve --url http://127.0.0.1:8000/v1 --model maze --requests 40 --concurrency 4
 
 Sends ``--requests`` chat completions (default 40), ``--concurrency`` at a time (default 4), each a
 VisGym maze turn 0 (system prompt, the maze image as a PNG data URL, the question) with
@@ -26,10 +26,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def percentile(values: list[float], q: float) -> float:

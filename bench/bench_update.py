@@ -1,11 +1,11 @@
 """Time of the GRPO update's forward + backward: the shared-prefix forward vs the full-sequence forward.
 
-    python scripts/bench_update.py                   # conf/policy/tiny_vl.yaml sizes, 8 groups x 8 samples
-    python scripts/bench_update.py --sizes issue15   # issue 15's workload: text 256 x 4 layers (head_dim 64),
+    python -m bench.bench_update                     # conf/policy/tiny_vl.yaml sizes, 8 groups x 8 samples
+    python -m bench.bench_update --sizes issue15     # issue 15's workload: text 256 x 4 layers (head_dim 64),
                                                      # vision 128 x 2, patch 16, 49 image tokens
-    python scripts/bench_update.py --reps 7 --micro-batch 16 --kl-coef 0.1
-    python scripts/bench_update.py --compare dedup --distinct 3   # identical samples run once, or each of them
-    python scripts/bench_update.py --compare micro_batch --micro-batch-b 64   # 16 sequences a forward, or 64
+    python -m bench.bench_update --reps 7 --micro-batch 16 --kl-coef 0.1
+    python -m bench.bench_update --compare dedup --distinct 3   # identical samples run once, or each of them
+    python -m bench.bench_update --compare micro_batch --micro-batch-b 64   # 16 sequences a forward, or 64
 
 Workload: ``--groups`` maze-like prompts (system + one maze image + text, built with the policy's chat
 format), ``--group-size`` samples each; every sample is the prompt plus a random completion of
@@ -32,37 +32,16 @@ Last line: ``update: micro-batch B X s vs micro-batch A Y s (Zx)``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rlkit.config import AlgorithmConfig  # noqa: E402
-from rlkit.policy import load_policy  # noqa: E402
-from rlkit.rollout import Trajectory  # noqa: E402
-from rlkit.update import grpo_update  # noqa: E402
-from scripts.bench_policy import PROMPT, SYSTEM, maze_image  # noqa: E402
-
-from scripts.bench_sizes import ISSUE15_SIZES  # noqa: E402
-
-
-def build_policy(args):
-    node = OmegaConf.load(ROOT / "conf" / "policy" / "tiny_vl.yaml")
-    node.cache_dir = args.cache_dir or os.path.join(tempfile.gettempdir(), "rlkit_bench_cache")
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    kwargs.pop("_target_")
-    kwargs["device"] = "cpu"
-    if args.sizes == "issue15":
-        kwargs["tiny"] = {**kwargs["tiny"], **ISSUE15_SIZES}
-    return load_policy(**kwargs)
+from bench.common import PROMPT, ROOT, SYSTEM, maze_image, tiny_policy
+from rlkit.config import AlgorithmConfig
+from rlkit.rollout import Trajectory
+from rlkit.update import grpo_update
 
 
 def build_batch(policy, args) -> tuple[list[Trajectory], torch.Tensor]:
@@ -127,7 +106,7 @@ def main() -> None:
     if args.micro_batch is None:
         args.micro_batch = int(algo_yaml.micro_batch_size)
 
-    policy = build_policy(args)
+    policy = tiny_policy(args)
     trajs, adv = build_batch(policy, args)
     n = policy.num_parameters()
     prompt_len = trajs[0].loss_mask.index(1)
