@@ -301,7 +301,8 @@ def _same_forwards(policy: Any, seqs: list[Trajectory]) -> bool:
     """
     if _world() == 1:
         return True
-    from rlkit.policy.logprobs import forward_images, model_config
+    from rlkit.policy.batching import model_config
+    from rlkit.policy.shared_prefix import forward_images
 
     prefix, suffix = forward_images(seqs, int(model_config(policy.model).image_token_id))
     flags = [float(prefix), float(suffix)]
