@@ -110,8 +110,6 @@ def rollout(
 
     Returns: list of length B*G; trajectory i belongs to task i // G.
     """
-    from rlkit.policy import PromptInput  # local: rlkit.policy imports transformers
-
     chat = policy.chat
     live: list[_Live] = []
     for g, seed in enumerate(seeds):
@@ -119,6 +117,27 @@ def rollout(
             live.append(_Live(env=env_spec.make(), seed=seed, group=g))
 
     # Turn 0: one prompt per task, G samples each.
+    prompts = _first_prompts(live, seeds, group_size, chat)
+    reuse_kv = bool(getattr(engine, "reuse_kv", False)) and env_spec.max_turns > 1
+    if reuse_kv:
+        outs, states = engine.generate_cached(prompts, _with_n(sampling, group_size))
+        for ep, st in zip(live, (s for per_prompt in states for s in per_prompt)):
+            ep.kv = st
+        del states
+    else:
+        outs = engine.generate(prompts, _with_n(sampling, group_size))
+    completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
+    _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
+
+    _later_turns(live, engine, sampling, chat, env_spec.max_turns, reuse_kv)
+    return [_trajectory(ep, policy_version) for ep in live]
+
+
+def _first_prompts(live: list[_Live], seeds: list[int], group_size: int, chat: Any) -> list[Any]:
+    """Turn 0 of a rollout: reset the G episodes of each task (``live``, groups contiguous) on its seed, append the
+    first user turn (system prompt included) to each, and return one PromptInput per task (B of them)."""
+    from rlkit.policy import PromptInput  # local: rlkit.policy imports transformers
+
     first_turns, first_sources = [], []
     for g, seed in enumerate(seeds):
         members = live[g * group_size : (g + 1) * group_size]
@@ -132,22 +151,17 @@ def rollout(
             m.append(tt.input_ids, 0)
             m.images.extend(tt.image_inputs)
             m.sources.extend(obs.images)
-    reuse_kv = bool(getattr(engine, "reuse_kv", False)) and env_spec.max_turns > 1
-    prompts = [
+    return [
         PromptInput(input_ids=tt.input_ids, images=src, **chat.concat_images(tt.image_inputs))
         for tt, src in zip(first_turns, first_sources)
     ]
-    if reuse_kv:
-        outs, states = engine.generate_cached(prompts, _with_n(sampling, group_size))
-        for ep, st in zip(live, (s for per_prompt in states for s in per_prompt)):
-            ep.kv = st
-        del states
-    else:
-        outs = engine.generate(prompts, _with_n(sampling, group_size))
-    completions = [c for per_prompt in outs for c in per_prompt]  # [B*G], groups contiguous
-    _apply(live, list(range(len(live))), completions, chat, env_spec.max_turns)
 
-    # Later turns: each live episode has its own history, and each turn its own draws.
+
+def _later_turns(live: list[_Live], engine: Any, sampling: Any, chat: Any, max_turns: int, reuse_kv: bool) -> None:
+    """Turns 1, 2, ... of a rollout until every episode is done: each live episode has its own history (its whole
+    conversation, or with ``reuse_kv`` its KV state and new tokens), and each turn its own draws (``turn_seed``)."""
+    from rlkit.policy import PromptInput  # local: rlkit.policy imports transformers
+
     turn = 0
     while True:
         active = [i for i, ep in enumerate(live) if not ep.done]
@@ -166,31 +180,30 @@ def rollout(
             del states
         else:
             outs = engine.generate(prompts, turn_sampling)
-        _apply(live, active, [o[0] for o in outs], chat, env_spec.max_turns)
+        _apply(live, active, [o[0] for o in outs], chat, max_turns)
 
-    trajectories = []
-    for ep in live:
-        last_done = bool(ep.turns and ep.turns[-1].done)
-        record = Episode(
-            seed=ep.seed,
-            turns=ep.turns,
-            terminated=last_done,
-            truncated=not last_done,
-            success=bool(ep.env.success()),
-        )
-        trajectories.append(
-            Trajectory(
-                input_ids=ep.ids,
-                loss_mask=ep.mask,
-                sampling_logprobs=ep.logprobs,
-                image_inputs=ep.images,
-                episode=record,
-                group=ep.group,
-                policy_version=policy_version,
-                num_truncated_turns=ep.length_cut,
-            )
-        )
-    return trajectories
+
+def _trajectory(ep: _Live, policy_version: int) -> Trajectory:
+    """The finished episode ``ep`` as a Trajectory (its Episode record: terminated when its last turn was done,
+    else truncated, and the env's success)."""
+    last_done = bool(ep.turns and ep.turns[-1].done)
+    record = Episode(
+        seed=ep.seed,
+        turns=ep.turns,
+        terminated=last_done,
+        truncated=not last_done,
+        success=bool(ep.env.success()),
+    )
+    return Trajectory(
+        input_ids=ep.ids,
+        loss_mask=ep.mask,
+        sampling_logprobs=ep.logprobs,
+        image_inputs=ep.images,
+        episode=record,
+        group=ep.group,
+        policy_version=policy_version,
+        num_truncated_turns=ep.length_cut,
+    )
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:

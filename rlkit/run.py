@@ -64,7 +64,7 @@ def check_top_level_keys(cfg: DictConfig) -> None:
     if unknown:
         raise ConfigError(
             f"unknown config key(s): {', '.join(sorted(unknown))}. A '+' adds a new key instead of setting an "
-            f"existing one: check the spelling against `python train.py --cfg job` (schema: rlkit/config.py)."
+            f"existing one: check the spelling against `python train.py --cfg job` (schema: rlkit/config/schema.py)."
         )
 
 

@@ -68,7 +68,7 @@ def _refuse_unknown_keys(argv: list[str]) -> None:
     unknown = unknown_override_keys(argv, CONF_DIR)
     if unknown:
         print(f"[rlkit] config error: unknown config key(s): {', '.join(unknown)}. Check the spelling against "
-              "`python train.py --cfg job` (schema: rlkit/config.py)", file=sys.stderr)
+              "`python train.py --cfg job` (schema: rlkit/config/schema.py)", file=sys.stderr)
         sys.exit(1)
 
 

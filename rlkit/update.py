@@ -15,7 +15,7 @@ only when ``kl_coef > 0``.
 Shared-prefix forward (``algorithm.shared_prefix``, default on): the G samples of a task share
 their prompt (image + text), so within a micro-batch each group's longest common token prefix
 runs once with gradients and its KV cache feeds the G suffixes
-(rlkit.policy.logprobs.compute_logprobs_shared_prefix; the reference forward of the KL term does the
+(rlkit.policy.shared_prefix.compute_logprobs_shared_prefix; the reference forward of the KL term does the
 same with the adapter off). Logprobs, loss and gradients equal the full-sequence forward within
 float32 rounding. Each mini-batch (drawn by the same shuffle as without it) is reordered group by
 group before it is cut into micro-batches: the micro-batch weights make the accumulated gradient
@@ -26,7 +26,7 @@ common prefix (a group of one, or a first image that differs) inside the shared-
 whole call under gradient checkpointing (which drops the KV cache in training) and FSDP over more
 than one rank (rlkit.distributed.update: ranks must run the same number of forwards). Within the
 shared-prefix forward the text every group of a micro-batch opens with (the system prompt, before the
-first image) runs once more coarsely still: rlkit.policy.logprobs' root prefix.
+first image) runs once more coarsely still: rlkit.policy.shared_prefix's root prefix.
 
 Identical samples (``algorithm.dedup_identical_samples``, default on): samples of a group with the same
 tokens, sampling logprobs, advantage and images (``identical_samples``) run once, each weighted by how
@@ -152,10 +152,10 @@ def minibatches(trajs: list[Trajectory], keep: list[int], mini: int, generator: 
 
 def use_shared_prefix(policy: Any, cfg: AlgorithmConfig) -> bool:
     """Whether the update runs the shared-prefix forward: ``cfg.shared_prefix`` and the model
-    supports it (rlkit.policy.logprobs.shared_prefix_unsupported: not under gradient checkpointing)."""
+    supports it (rlkit.policy.shared_prefix.shared_prefix_unsupported: not under gradient checkpointing)."""
     if not cfg.shared_prefix:
         return False
-    from rlkit.policy.logprobs import shared_prefix_unsupported
+    from rlkit.policy.shared_prefix import shared_prefix_unsupported
 
     return shared_prefix_unsupported(policy.model) is None
 
@@ -239,7 +239,7 @@ def micro_batch_loss(policy: Any, seqs: list[Trajectory], advantages: torch.Tens
     Args: seqs (n trajectories), advantages [n] (one per sequence), temperature of the logprobs,
     shared_prefix: run each group's common prefix once (module doc); None = use_shared_prefix.
     uniform_forwards: with shared_prefix, every row runs the prefix + suffix forwards, a row alone
-    too (rlkit.policy.logprobs.compute_logprobs_shared_prefix; what FSDP ranks need).
+    too (rlkit.policy.shared_prefix.compute_logprobs_shared_prefix; what FSDP ranks need).
     counts: [n] how many identical samples each row stands for (``identical_samples``); the loss and
     diagnostics are those of the micro-batch with row i repeated counts[i] times. None = 1 each.
     Returns: (loss scalar with grad, loss mask [n, T] float32 on the logprobs' device, multiplied by

@@ -136,7 +136,7 @@ def test_supervised_batch_shares_the_system_prompt_exactly(policy, plan_env):
     """SFT and grounding batches (rlkit.algorithms.nll.batch_shares_prefix): every demonstration is group 0, so
     the batch's common prefix (the system prompt, up to the first image, which differs by maze) runs
     once; the loss and its gradients equal the full-sequence forward's."""
-    from rlkit.policy.logprobs import shared_prefix_clusters
+    from rlkit.policy.shared_prefix import shared_prefix_clusters
     from rlkit.algorithms.nll import batch_shares_prefix
     from rlkit.demonstrations import demonstration_trajectory
 

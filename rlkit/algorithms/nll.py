@@ -38,11 +38,11 @@ def active_terms(terms: list[AuxTerm] | None) -> list[AuxTerm]:
 
 
 def batch_shares_prefix(policy: Any) -> bool:
-    """Whether a supervised batch runs the shared-prefix forward (rlkit.policy.logprobs): every
+    """Whether a supervised batch runs the shared-prefix forward (rlkit.policy.shared_prefix): every
     demonstration is encoded with ``group=0``, so the batch's common prefix (the system prompt, ~90
     of ~210 tokens for the VisGym maze) is computed once. Exact within float32 rounding; off where the
     model does not support it (gradient checkpointing)."""
-    from rlkit.policy.logprobs import shared_prefix_unsupported  # local: rlkit.policy imports transformers
+    from rlkit.policy.shared_prefix import shared_prefix_unsupported  # local: rlkit.policy imports transformers
 
     return shared_prefix_unsupported(policy.model) is None
 

@@ -198,68 +198,24 @@ def sharded_grpo_update(
         RuntimeError: some ranks' micro-batch has images and others' does not (the vision blocks'
             collectives would not match).
     """
-    from rlkit.distributed.fsdp import clip_grad_norm
-    from rlkit.update import grad_clip_limit, use_shared_prefix
+    from rlkit.update import use_shared_prefix
 
-    token_level = cfg.loss_reduction == "token_mean"
     collective = _collective_forwards(root)
-    micro = max(cfg.micro_batch_size, 1)
     shared = use_shared_prefix(policy, cfg)
     totals: dict[str, float] = {}
     n_opt = 0
     term_nll: dict[str, float] = {}
     n_micro = n_shared = 0
     for step in payload.steps:
-        sums: dict[str, float] = {}
-        maxes: dict[str, float] = {}
         aux = payload.aux_shares if n_opt == 0 else []  # the terms join the first optimizer step
-        step_counts = step.counts or [1] * len(step.indices)
-        chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
-        count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
-        # FSDP ranks run num_micro each; replicated ranks (strategy=ddp) only their own micro-batches, or
-        # one filler when their share is empty (so every rank reduces the same diagnostics)
-        num_micro = step.num_micro if collective else (len(chunks) or min(step.num_micro, 1))
-        for m in range(num_micro):
-            is_filler = m >= len(chunks)
-            idx = [step.filler] if is_filler else chunks[m]
-            counts = torch.tensor([1] if is_filler else count_chunks[m], dtype=torch.float32)  # [n]
-            seqs = [payload.trajectories[i] for i in idx]
-            if collective:
-                _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
-            root.set_requires_gradient_sync(m == num_micro - 1 and not aux)
-            adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
-            share = shared and (not collective or _same_forwards(policy, seqs))
-            total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
-                                                 uniform_forwards=collective, counts=counts)
-            n_micro += 1
-            n_shared += int(share)
-            token_share = 0.0 if is_filler else float(mask.sum()) / max(step.total_tokens, 1)
-            if is_filler:
-                weight = 0.0
-            elif token_level:
-                weight = token_share
-            else:
-                weight = float(counts.sum()) / step.total_seqs
-            (total * weight).backward()
-            for k, v in diag.items():
-                if k.endswith("_max"):
-                    maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
-                else:  # token averages by the token share, reductions by the loss's weight
-                    sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
+        sums, maxes, ran, ran_shared = _step_micro_batches(policy, root, payload, step, cfg, temperature, collective,
+                                                           shared, sync_last=not aux)
+        n_micro += ran
+        n_shared += ran_shared
         for k, share in enumerate(aux):  # the gradient sync on the last backward of the step
             term_nll[f"{share.name}/nll"] = _nll_backward(policy, root, share.sequences, share.coef * share.weight,
                                                           share.weight, collective, sync=k == len(aux) - 1)
-        reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
-        if reduce is not None:  # (an FSDP root reduced them in the last backward)
-            reduce(params)
-        grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
-        if not math.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(
-                f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
-            )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = _optimizer_step(root, optimizer, params, cfg)
         if step.total_seqs:  # (the same on every rank) not for a step on demonstrations alone, as grpo_update
             sums["distinct_fraction"] = len(step.indices) / step.total_seqs  # summed over the ranks
         stats = _all_reduce_stats(sums, maxes)
@@ -275,6 +231,80 @@ def sharded_grpo_update(
     out.update(term_nll)
     out["policy/lr"] = optimizer.param_groups[0]["lr"]
     return out
+
+
+def _step_micro_batches(policy: Any, root: Any, payload: RankPayload, step: RankStep, cfg: AlgorithmConfig,
+                        temperature: float, collective: bool, shared: bool,
+                        sync_last: bool) -> tuple[dict[str, float], dict[str, float], int, int]:
+    """This rank's micro-batches of one optimizer step (module doc, step 2): each one's loss, backward with its
+    weight by the mini-batch's *global* counts (0 for a filler), and diagnostics. ``collective``: FSDP ranks, which
+    run ``step.num_micro`` micro-batches each; ``shared``: the shared-prefix forward may run; ``sync_last``: the
+    gradient sync on the last micro-batch's backward (False when auxiliary terms follow in this step).
+
+    Returns: the diagnostics summed (``value * weight``; token averages by the token share) and their maxima
+    (``*_max`` keys), the micro-batches run, and how many of them ran the shared-prefix forward.
+    """
+    token_level = cfg.loss_reduction == "token_mean"
+    micro = max(cfg.micro_batch_size, 1)
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    n_shared = 0
+    step_counts = step.counts or [1] * len(step.indices)
+    chunks = [step.indices[s : s + micro] for s in range(0, len(step.indices), micro)]
+    count_chunks = [step_counts[s : s + micro] for s in range(0, len(step.indices), micro)]
+    # FSDP ranks run num_micro each; replicated ranks (strategy=ddp) only their own micro-batches, or
+    # one filler when their share is empty (so every rank reduces the same diagnostics)
+    num_micro = step.num_micro if collective else (len(chunks) or min(step.num_micro, 1))
+    for m in range(num_micro):
+        is_filler = m >= len(chunks)
+        idx = [step.filler] if is_filler else chunks[m]
+        counts = torch.tensor([1] if is_filler else count_chunks[m], dtype=torch.float32)  # [n]
+        seqs = [payload.trajectories[i] for i in idx]
+        if collective:
+            _check_same_modality(any(len(t.image_inputs) > 0 for t in seqs))
+        root.set_requires_gradient_sync(m == num_micro - 1 and sync_last)
+        adv = torch.tensor([payload.advantages[i] for i in idx], dtype=torch.float32)  # [n]
+        share = shared and (not collective or _same_forwards(policy, seqs))
+        total, mask, diag = micro_batch_loss(policy, seqs, adv, cfg, temperature, shared_prefix=share,
+                                             uniform_forwards=collective, counts=counts)
+        n_shared += int(share)
+        token_share = 0.0 if is_filler else float(mask.sum()) / max(step.total_tokens, 1)
+        if is_filler:
+            weight = 0.0
+        elif token_level:
+            weight = token_share
+        else:
+            weight = float(counts.sum()) / step.total_seqs
+        (total * weight).backward()
+        for k, v in diag.items():
+            if k.endswith("_max"):
+                maxes[k] = max(maxes.get(k, float("-inf")), float("-inf") if is_filler else float(v))
+            else:  # token averages by the token share, reductions by the loss's weight
+                sums[k] = sums.get(k, 0.0) + float(v) * (token_share if k in TOKEN_DIAGNOSTICS else weight)
+    return sums, maxes, num_micro, n_shared
+
+
+def _optimizer_step(root: Any, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                    cfg: AlgorithmConfig) -> float:
+    """Reduce the ranks' gradients where the root has not (strategy=ddp), clip them to ``cfg.max_grad_norm``
+    (0 = off), step the optimizer and clear the gradients. Returns the gradient norm before clipping.
+
+    Raises: FloatingPointError on a non-finite norm (on every rank; gradients cleared, no step)."""
+    from rlkit.distributed.fsdp import clip_grad_norm
+    from rlkit.update import grad_clip_limit
+
+    reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
+    if reduce is not None:  # (an FSDP root reduced them in the last backward)
+        reduce(params)
+    grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(
+            f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 
 def _nll_backward(policy: Any, root: Any, seqs: list[Trajectory], coef: float, weight: float, collective: bool,
@@ -301,7 +331,8 @@ def _same_forwards(policy: Any, seqs: list[Trajectory]) -> bool:
     """
     if _world() == 1:
         return True
-    from rlkit.policy.logprobs import forward_images, model_config
+    from rlkit.policy.batching import model_config
+    from rlkit.policy.shared_prefix import forward_images
 
     prefix, suffix = forward_images(seqs, int(model_config(policy.model).image_token_id))
     flags = [float(prefix), float(suffix)]

@@ -8,7 +8,8 @@ Public API (see each module's docstring for shapes, layouts and sources):
   TurnTokens, ImageInput, ImageBatch. The token layout of a trajectory is documented there.
 - rlkit.policy.engine: RolloutEngine, TransformersEngine, make_engine, PromptInput, SamplingParams,
   Completion.
-- rlkit.policy.logprobs: compute_logprobs, sequence_batch, SequenceBatch, mrope_position_ids.
+- rlkit.policy.batching: sequence_batch, SequenceBatch, mrope_position_ids.
+- rlkit.policy.logprobs: compute_logprobs (rlkit.policy.shared_prefix: its shared-prefix forward).
 - rlkit.policy.lora: LoraSettings, AdapterInfo, apply_lora, save_adapter, load_adapter_inplace,
   read_adapter_info, save_full_model.
 - rlkit.policy.tiny: TinyVLSizes, build_tiny_policy, tiny_checkpoint.
@@ -16,7 +17,8 @@ Public API (see each module's docstring for shapes, layouts and sources):
 
 from rlkit.policy.chat import ChatFormat, ImageBatch, ImageInput, TurnTokens, concat_images
 from rlkit.policy.engine import Completion, PromptInput, RolloutEngine, SamplingParams, TransformersEngine, make_engine
-from rlkit.policy.logprobs import SequenceBatch, compute_logprobs, mrope_position_ids, sequence_batch
+from rlkit.policy.batching import SequenceBatch, mrope_position_ids, sequence_batch
+from rlkit.policy.logprobs import compute_logprobs
 from rlkit.policy.lora import (
     AdapterInfo,
     LoraSettings,

@@ -38,7 +38,8 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from rlkit.policy.logprobs import _ids_list, _image_list, banned_mask, sequence_batch, tempered_log_probs
+from rlkit.policy.batching import _ids_list, _image_list, sequence_batch
+from rlkit.policy.logprobs import banned_mask, tempered_log_probs
 from rlkit.policy.lora import unwrap_model
 
 
@@ -448,7 +449,7 @@ class TransformersEngine:
         states path relies on)."""
         if len(prompts) < 2:
             return None
-        from rlkit.policy.logprobs import _common_prefix_len, _vision_token_ids, model_config
+        from rlkit.policy.batching import _common_prefix_len, _vision_token_ids, model_config
 
         ids = [_ids_list(p.input_ids) for p in prompts]
         first = ids[0]

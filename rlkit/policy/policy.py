@@ -223,7 +223,8 @@ class Policy:
         """rlkit.policy.logprobs.compute_logprobs with this policy's model and banned ids; with
         ``shared_prefix``, compute_logprobs_shared_prefix (each group's common prefix runs once;
         ``batch`` must then be a list of sequences; ``uniform_forwards``: see there)."""
-        from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix
+        from rlkit.policy.logprobs import compute_logprobs
+        from rlkit.policy.shared_prefix import compute_logprobs_shared_prefix
 
         if shared_prefix:
             return compute_logprobs_shared_prefix(self.model, batch, temperature, self.banned_token_ids,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlkit.policy import PromptInput, SamplingParams, compute_logprobs, make_engine, sequence_batch
-from rlkit.policy.logprobs import mrope_position_ids, tempered_log_probs
+from rlkit.policy.batching import mrope_position_ids
+from rlkit.policy.logprobs import tempered_log_probs
 
 from .conftest import maze_image, perturb_lora
 

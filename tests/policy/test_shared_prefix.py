@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from rlkit.policy import SamplingParams, make_engine
-from rlkit.policy.logprobs import (
-    compute_logprobs,
-    compute_logprobs_shared_prefix,
-    forward_images,
-    shared_prefix_clusters,
-)
+from rlkit.policy.logprobs import compute_logprobs
+from rlkit.policy.shared_prefix import compute_logprobs_shared_prefix, forward_images, shared_prefix_clusters
 from rlkit.rollout import rollout
 
 from .conftest import perturb_lora
@@ -156,7 +152,7 @@ def test_root_prefix_is_cut_before_the_first_image():
     """Two groups of one env share their system prompt up to the image: the root stops at its placeholder."""
     from types import SimpleNamespace
 
-    from rlkit.policy.logprobs import MIN_ROOT_PREFIX, PrefixCluster, _root_prefix_len
+    from rlkit.policy.shared_prefix import MIN_ROOT_PREFIX, PrefixCluster, _root_prefix_len
 
     img, n = 9, MIN_ROOT_PREFIX + 4
     ids = torch.tensor([[*range(10, 10 + n), img, img, 1, 2, 3], [*range(10, 10 + n), img, img, 4, 5, 6]])
@@ -174,7 +170,7 @@ def test_trajectory_images_are_not_copied_for_the_prefix_search(make_policy):
     """A group's trajectories share their first turn's ImageInputs: _image_list hands back those very
     tensors (so shared_prefix_clusters compares them by identity, not pixel by pixel), and
     sequence_batch without pixels gives the same positions and ids as with them."""
-    from rlkit.policy.logprobs import _image_list, sequence_batch
+    from rlkit.policy.batching import _image_list, sequence_batch
 
     policy = make_policy()
     trajs = rollout(_env("interactive", 2), policy, make_engine(policy), seeds=[11], group_size=2, sampling=SAMPLE,

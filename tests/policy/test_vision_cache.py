@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlkit.policy import SamplingParams, make_engine
-from rlkit.policy.logprobs import compute_logprobs, compute_logprobs_shared_prefix
+from rlkit.policy.logprobs import compute_logprobs
+from rlkit.policy.shared_prefix import compute_logprobs_shared_prefix
 from rlkit.rollout import rollout
 
 from .conftest import perturb_lora
