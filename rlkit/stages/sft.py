@@ -219,7 +219,7 @@ def train_sft(
             break
         if run.step < cfg.max_steps and (run.step % PARTIAL_EVERY == 0 or run.step % cfg.eval_every == 0):
             _save_progress(partial, policy, opt, sched, demos, mix, run, t0)
-    return _finish(policy, out_dir, partial, cfg, demos, run, t0, build)
+    return _finish(policy, out_dir, partial, demos, run, t0, build)
 
 
 def _check_env(env_spec: EnvSpec, cfg: SFTConfig, grounding_tasks: list[str]) -> None:
@@ -410,7 +410,7 @@ def _validate(env_spec: EnvSpec, policy: Any, engine: Any, greedy: Any, cfg: SFT
     return done
 
 
-def _finish(policy: Any, out_dir: Path, partial: Path, cfg: SFTConfig, demos: _Demonstrations, run: _Run, t0: float,
+def _finish(policy: Any, out_dir: Path, partial: Path, demos: _Demonstrations, run: _Run, t0: float,
             build: dict[str, Any] | None) -> dict[str, Any]:
     """Save the checkpoint and its summary to ``out_dir`` (atomically), remove the saved progress; the summary."""
     summary = {"steps": run.step, "val_success": run.val_success, "num_demos": demos.num_demos(run.step),
