@@ -187,36 +187,26 @@ def _sampling(req: ChatRequest, prompt_len: int, model_len: int, limits: ServeLi
 
 
 def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
-    """The FastAPI app serving ``host`` (see the module doc for routes, errors and concurrency)."""
+    """The FastAPI app serving ``host`` (see the module doc for routes, errors and concurrency).
+
+    Raises: ValueError for invalid ``settings.limits`` (ServeLimits.validate) or an empty API key."""
     settings.limits.validate()
-    limits = settings.limits
     keys = _api_keys(settings.api_key)
-    sampled = SampledIds(settings.sampled_ids_capacity) if settings.sampled_ids_capacity > 0 else None
-    chat = host.policy.chat
-    token_text = TokenText(chat.tokenizer)
-    state: dict[str, Any] = {"pending": 0, "served": 0, "server_errors": 0}
-
-    def _init_worker() -> None:
-        if settings.num_threads:
-            import torch
-
-            torch.set_num_threads(int(settings.num_threads))
-
-    worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-model",
-                                                   initializer=_init_worker)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        try:
-            yield
-        finally:
-            worker.shutdown(wait=True, cancel_futures=True)
-
+    service = _ChatService(host, settings)
     app = FastAPI(title="rlkit policy server", summary="OpenAI-compatible Chat Completions for rlkit policies",
-                  lifespan=lifespan)
+                  lifespan=service.lifespan)
     app.state.host = host
     app.state.settings = settings
-    app.state.sampled_ids = sampled
+    app.state.sampled_ids = service.sampled
+    _add_error_handlers(app, service.counts)
+    _add_auth(app, keys)
+    _add_routes(app, service)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, counts: dict[str, int]) -> None:
+    """Answer every error in the OpenAI shape (see the module doc); a server bug is logged and counted in
+    ``counts["server_errors"]``."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -235,9 +225,13 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(Exception)
     async def _server_error(request: Request, err: Exception):
         log.exception("internal error on %s %s", request.method, request.url.path)
-        state["server_errors"] += 1
+        counts["server_errors"] += 1
         return _ASCIIJSONResponse(APIError(500, f"internal server error ({type(err).__name__})",
                                            type="server_error").body(), status_code=500)
+
+
+def _add_auth(app: FastAPI, keys: list[bytes]) -> None:
+    """Require ``Authorization: Bearer <key>`` on the /v1 routes when ``keys`` (``_api_keys``) is not empty."""
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
@@ -253,10 +247,15 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
                 return _error_response(APIError(401, why, type="authentication_error", code="invalid_api_key"))
         return await call_next(request)
 
+
+def _add_routes(app: FastAPI, service: "_ChatService") -> None:
+    """The routes of the module doc: /health, /v1/models, /v1/models/{model}, /v1/chat/completions."""
+    host, counts = service.host, service.counts
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "models": host.names, "queue": state["pending"], "served": state["served"],
-                "server_errors": state["server_errors"]}
+        return {"status": "ok", "models": host.names, "queue": counts["pending"], "served": counts["served"],
+                "server_errors": counts["server_errors"]}
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -268,73 +267,58 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
             raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
         return host.model_card(model_id)
 
-    def _prepare(body: bytes):
-        req = parse_request(body)
-        _check_params(req, host, limits)
-        return req, parse_messages(req.messages, limits)
-
-    def _token_name(req: ChatRequest, token_id: int) -> str:
-        """A token as logprobs entries name it: its text, or vLLM's ``token_id:<id>``."""
-        return f"token_id:{token_id}" if req.return_tokens_as_token_ids else token_text.text(token_id)
-
-    def _logprobs(req: ChatRequest, prompt, c, temperature: float) -> list[dict[str, Any]]:
-        """The logprobs entries of completion ``c`` (see the module doc, "Logprobs")."""
-        k = req.top_logprobs or 0
-        chosen, top_ids, top_lps = list(c.logprobs), [[]] * len(c.token_ids), [[]] * len(c.token_ids)
-        if k > 0:
-            chosen, top_ids, top_lps = host.top_logprobs(req.model, prompt.input_ids, prompt.image_inputs,
-                                                         c.token_ids, temperature, k)
-        return [token_logprob(_token_name(req, tok), token_text.raw(tok), lp,
-                              [(_token_name(req, i), token_text.raw(i), v) for i, v in zip(ids, vals)])
-                for tok, lp, ids, vals in zip(c.token_ids, chosen, top_ids, top_lps)]
-
-    def _run(req: ChatRequest, turns, on_token=None, started=None) -> tuple[list[ChoiceOut], int, int]:
-        """(choices, prompt tokens, completion tokens) of a request; runs on the model worker.
-
-        on_token: ModelHost.generate's callback, for a live stream (whose tokens and logprobs it sends: the
-        choices then carry neither deltas nor logprobs). started: called once the request is found valid, right
-        before sampling (an APIError raised before it is the client's)."""
-        live = on_token is not None
-        prompt = build_prompt(chat, turns, sampled)
-        sampling = _sampling(req, len(prompt.input_ids), host.max_model_len, limits)
-        if started is not None:
-            started()
-        completions = host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling, on_token=on_token)
-        choices = []
-        for c in completions:
-            stop = getattr(c, "stop_reason", None)
-            if stop is not None and not req.include_stop_str_in_output:
-                text = c.text[: -len(stop)] if c.text.endswith(stop) else c.text  # OpenAI: the stop sequence is left out
-            else:  # the content is the sampled text: a later request that sends it back reuses the ids
-                text = c.text
-                if stop is None or chat.decode(c.token_ids) == c.text:  # (not when the last token reaches past the stop)
-                    remember_completion(sampled, prompt, c.token_ids, c.text, chat.im_end_id)
-            choices.append(ChoiceOut(
-                text, c.finish_reason, stop,
-                logprobs=_logprobs(req, prompt, c, sampling.temperature) if req.logprobs and not live else None,
-                deltas=token_text.deltas(c.token_ids, text) if req.stream and not live else None,
-            ))
-        return choices, len(prompt.input_ids), sum(len(c.token_ids) for c in completions)
-
-    def _done(_future) -> None:
-        state["pending"] -= 1
-
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _read_body(request, limits.max_body_bytes)
-        req, turns = await anyio.to_thread.run_sync(_prepare, body)
-        if state["pending"] >= limits.max_queue:
-            raise APIError(429, f"the server is busy ({state['pending']} requests queued); retry later",
+        return await service.complete(request)
+
+
+class _ChatService:
+    """The chat completions behind the route: requests parsed on the event loop's thread pool, then built, sampled
+    and answered on the one model worker thread (see the module doc, "Concurrency").
+
+    ``counts``: requests queued (``pending``), answered (``served``) and failed by a server bug
+    (``server_errors``), as /health reports them."""
+
+    def __init__(self, host: ModelHost, settings: ServerSettings) -> None:
+        self.host, self.settings, self.limits = host, settings, settings.limits
+        self.sampled = SampledIds(settings.sampled_ids_capacity) if settings.sampled_ids_capacity > 0 else None
+        self.chat = host.policy.chat
+        self.token_text = TokenText(self.chat.tokenizer)
+        self.counts: dict[str, int] = {"pending": 0, "served": 0, "server_errors": 0}
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-model",
+                                                            initializer=self._init_worker)
+
+    def _init_worker(self) -> None:
+        """The model worker's initializer: torch's intra-op threads (``settings.num_threads``; None: torch's default)."""
+        if self.settings.num_threads:
+            import torch
+
+            torch.set_num_threads(int(self.settings.num_threads))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        """The app's lifespan: the model worker is shut down (queued requests cancelled) when the app stops."""
+        try:
+            yield
+        finally:
+            self.worker.shutdown(wait=True, cancel_futures=True)
+
+    async def complete(self, request: Request):
+        """Answer a POST /v1/chat/completions: a JSON completion, or its chunks as server-sent events."""
+        body = await _read_body(request, self.limits.max_body_bytes)
+        req, turns = await anyio.to_thread.run_sync(self._prepare, body)
+        if self.counts["pending"] >= self.limits.max_queue:
+            raise APIError(429, f"the server is busy ({self.counts['pending']} requests queued); retry later",
                            type="rate_limit_error", code="server_busy")
         loop = asyncio.get_running_loop()
-        if req.stream and token_text.byte_level and not req.top_logprobs:
-            return await _live_stream(req, turns, loop)
-        state["pending"] += 1
-        job = loop.run_in_executor(worker, _run, req, turns)
-        job.add_done_callback(_done)
+        if req.stream and self.token_text.byte_level and not req.top_logprobs:
+            return await self._live_stream(req, turns, loop)
+        self.counts["pending"] += 1
+        job = loop.run_in_executor(self.worker, self._run, req, turns)
+        job.add_done_callback(self._done)
         choices, prompt_tokens, completion_tokens = await job
-        state["served"] += 1
-        fingerprint = host.fingerprint(req.model)
+        self.counts["served"] += 1
+        fingerprint = self.host.fingerprint(req.model)
         if not req.stream:
             return JSONResponse(completion_response(req.model, choices, prompt_tokens, completion_tokens, fingerprint))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -347,12 +331,65 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
 
         return _event_stream(events())
 
-    async def _live_stream(req: ChatRequest, turns, loop: asyncio.AbstractEventLoop):
+    def _prepare(self, body: bytes):
+        req = parse_request(body)
+        _check_params(req, self.host, self.limits)
+        return req, parse_messages(req.messages, self.limits)
+
+    def _done(self, _future) -> None:
+        self.counts["pending"] -= 1
+
+    def _token_name(self, req: ChatRequest, token_id: int) -> str:
+        """A token as logprobs entries name it: its text, or vLLM's ``token_id:<id>``."""
+        return f"token_id:{token_id}" if req.return_tokens_as_token_ids else self.token_text.text(token_id)
+
+    def _logprobs(self, req: ChatRequest, prompt, c, temperature: float) -> list[dict[str, Any]]:
+        """The logprobs entries of completion ``c`` (see the module doc, "Logprobs")."""
+        k = req.top_logprobs or 0
+        chosen, top_ids, top_lps = list(c.logprobs), [[]] * len(c.token_ids), [[]] * len(c.token_ids)
+        if k > 0:
+            chosen, top_ids, top_lps = self.host.top_logprobs(req.model, prompt.input_ids, prompt.image_inputs,
+                                                              c.token_ids, temperature, k)
+        raw = self.token_text.raw
+        return [token_logprob(self._token_name(req, tok), raw(tok), lp,
+                              [(self._token_name(req, i), raw(i), v) for i, v in zip(ids, vals)])
+                for tok, lp, ids, vals in zip(c.token_ids, chosen, top_ids, top_lps)]
+
+    def _run(self, req: ChatRequest, turns, on_token=None, started=None) -> tuple[list[ChoiceOut], int, int]:
+        """(choices, prompt tokens, completion tokens) of a request; runs on the model worker.
+
+        on_token: ModelHost.generate's callback, for a live stream (whose tokens and logprobs it sends: the
+        choices then carry neither deltas nor logprobs). started: called once the request is found valid, right
+        before sampling (an APIError raised before it is the client's)."""
+        live, chat = on_token is not None, self.chat
+        prompt = build_prompt(chat, turns, self.sampled)
+        sampling = _sampling(req, len(prompt.input_ids), self.host.max_model_len, self.limits)
+        if started is not None:
+            started()
+        completions = self.host.generate(req.model, prompt.input_ids, prompt.image_inputs, sampling,
+                                         on_token=on_token)
+        choices = []
+        for c in completions:
+            stop = getattr(c, "stop_reason", None)
+            if stop is not None and not req.include_stop_str_in_output:
+                text = c.text[: -len(stop)] if c.text.endswith(stop) else c.text  # OpenAI: the stop sequence is left out
+            else:  # the content is the sampled text: a later request that sends it back reuses the ids
+                text = c.text
+                if stop is None or chat.decode(c.token_ids) == c.text:  # (not when the last token reaches past the stop)
+                    remember_completion(self.sampled, prompt, c.token_ids, c.text, chat.im_end_id)
+            choices.append(ChoiceOut(
+                text, c.finish_reason, stop,
+                logprobs=self._logprobs(req, prompt, c, sampling.temperature) if req.logprobs and not live else None,
+                deltas=self.token_text.deltas(c.token_ids, text) if req.stream and not live else None,
+            ))
+        return choices, len(prompt.input_ids), sum(len(c.token_ids) for c in completions)
+
+    async def _live_stream(self, req: ChatRequest, turns, loop: asyncio.AbstractEventLoop):
         """Stream a request's tokens as the engine samples them (see the module doc, "Streaming").
 
         The model worker puts ("started",), then ("token", choice, id, logprob) per sampled token, then ("done",
         result) or ("failed", exception) on a queue the event loop reads. An error before "started" is answered
-        as a JSON error; one after it ends the stream with an error event."""
+        as a JSON error; one after it ends the stream with an error event (``_live_events``)."""
         queue: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()  # the client left: the worker stops sampling at its next token
 
@@ -366,12 +403,12 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
 
         def job() -> None:
             try:
-                put("done", _run(req, turns, on_token=on_token, started=lambda: put("started")))
+                put("done", self._run(req, turns, on_token=on_token, started=lambda: put("started")))
             except BaseException as e:  # (handed to the event loop, which answers or logs it)
                 put("failed", e)
 
-        state["pending"] += 1
-        loop.run_in_executor(worker, job).add_done_callback(_done)
+        self.counts["pending"] += 1
+        loop.run_in_executor(self.worker, job).add_done_callback(self._done)
         try:
             first = await queue.get()
         except asyncio.CancelledError:  # the client left while the request waited its turn
@@ -380,48 +417,51 @@ def create_app(host: ModelHost, settings: ServerSettings) -> FastAPI:
         if first[0] == "failed":
             raise first[1]
         stops, n = req.stop_strings(), req.n or 1
-        pieces = [StreamPieces(token_text, stops, chat.im_end_id) for _ in range(n)]
-        fingerprint = host.fingerprint(req.model)
+        pieces = [StreamPieces(self.token_text, stops, self.chat.im_end_id) for _ in range(n)]
+        fingerprint = self.host.fingerprint(req.model)
         out = ChunkStream(req.model, fingerprint, bool(req.stream_options and req.stream_options.include_usage))
+        return _event_stream(self._live_events(req, queue, gone, pieces, out))
 
-        async def events():
-            try:
-                for k in range(n):
-                    yield sse_event(out.role(k))
-                while True:
-                    item = await queue.get()
-                    if item[0] == "token":
-                        _, k, tok, lp = item
-                        piece = pieces[k].push(tok)
-                        if piece or req.logprobs:
-                            entry = token_logprob(_token_name(req, tok), token_text.raw(tok), lp) if req.logprobs else None
-                            yield sse_event(out.content(k, piece, entry))
-                        continue
-                    if item[0] == "failed":
-                        raise item[1]
-                    choices, prompt_tokens, completion_tokens = item[1]
-                    for k, c in enumerate(choices):
-                        rest = pieces[k].close(c.content)
-                        if rest:
-                            yield sse_event(out.content(k, rest))
-                    for k, c in enumerate(choices):
-                        yield sse_event(out.finish(k, c.finish_reason, c.stop_reason))
-                    if out.include_usage:
-                        yield sse_event(out.usage(prompt_tokens, completion_tokens))
-                    yield sse_event("[DONE]")
-                    state["served"] += 1
-                    return
-            except Exception as e:  # after the 200 went out: an error event in the OpenAI shape, as vLLM sends
-                log.exception("internal error while streaming a completion")
-                state["server_errors"] += 1
-                yield sse_event(APIError(500, f"internal server error ({type(e).__name__})", type="server_error").body())
+    async def _live_events(self, req: ChatRequest, queue: asyncio.Queue, gone: threading.Event,
+                           pieces: list[StreamPieces], out: ChunkStream):
+        """The server-sent events of a live stream: each choice's role, then its content pieces (and logprobs) as
+        ``queue`` brings the sampled tokens, the rest of each choice's content and its finish reason, the usage
+        when asked, and ``[DONE]``; a failure after the 200 went out ends it with an error event. ``gone`` is set
+        when it ends, so that the worker stops sampling for a client that left."""
+        try:
+            for k in range(len(pieces)):
+                yield sse_event(out.role(k))
+            while True:
+                item = await queue.get()
+                if item[0] == "token":
+                    _, k, tok, lp = item
+                    piece = pieces[k].push(tok)
+                    if piece or req.logprobs:
+                        entry = (token_logprob(self._token_name(req, tok), self.token_text.raw(tok), lp)
+                                 if req.logprobs else None)
+                        yield sse_event(out.content(k, piece, entry))
+                    continue
+                if item[0] == "failed":
+                    raise item[1]
+                choices, prompt_tokens, completion_tokens = item[1]
+                for k, c in enumerate(choices):
+                    rest = pieces[k].close(c.content)
+                    if rest:
+                        yield sse_event(out.content(k, rest))
+                for k, c in enumerate(choices):
+                    yield sse_event(out.finish(k, c.finish_reason, c.stop_reason))
+                if out.include_usage:
+                    yield sse_event(out.usage(prompt_tokens, completion_tokens))
                 yield sse_event("[DONE]")
-            finally:
-                gone.set()
-
-        return _event_stream(events())
-
-    return app
+                self.counts["served"] += 1
+                return
+        except Exception as e:  # after the 200 went out: an error event in the OpenAI shape, as vLLM sends
+            log.exception("internal error while streaming a completion")
+            self.counts["server_errors"] += 1
+            yield sse_event(APIError(500, f"internal server error ({type(e).__name__})", type="server_error").body())
+            yield sse_event("[DONE]")
+        finally:
+            gone.set()
 
 
 class _ClientGone(Exception):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -238,73 +238,119 @@ def train_grounding(
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     sampler = TaskSampler(cfg.seed, env_spec.is_eval_seed)
+    val_items, fixed = _setup_validation(env_spec, policy, cfg, sampler, all_tasks, blind)
+    params, opt, sched = _setup_optimizer(policy, cfg)
+    key = bits_name(env_spec) if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
+    partial = partial_dir(out_dir) if out_dir is not None else None
+    run = _resume(partial, policy, opt, sched, sampler, rng, on_resume)
+    policy.model.train()
+    share = batch_shares_prefix(policy)
+    while run.step < cfg.max_steps:
+        batch = [encode_example(policy, ex, fixed)
+                 for ex in draw_examples(env_spec, sampler, all_tasks, cfg.batch_size, rng)]
+        loss = _train_step(policy, batch, share, params, opt, sched)
+        run.step += 1
+        checked = run.step % cfg.eval_every == 0 or run.step == cfg.max_steps
+        if checked:
+            per_token = token_hits(policy, val_items)
+            run.table = accuracy_table(val_items, [all(h) for h in per_token], per_token, bits_name(env_spec))
+            run.history.append({"step": run.step, "loss": float(loss), "accuracy": run.table,
+                                "wall_time_s": run.elapsed + time.time() - t0})
+        if progress is not None:
+            progress(run.step, cfg.max_steps, float(loss), run.table)
+        if checked and run.table.get(key, 0.0) >= cfg.target_accuracy:
+            break
+        if partial is not None and run.step < cfg.max_steps and (run.step % PARTIAL_EVERY == 0 or checked):
+            _save_progress(partial, policy, opt, sched, sampler, rng, run, t0)
+    summary = {"steps": run.step, "wall_time_s": run.elapsed + time.time() - t0, "blind": blind, "tasks": all_tasks,
+               "stop_metric": key, "final": run.table, "history": run.history}
+    if run.resumed_at:
+        summary["resumed_at"] = run.resumed_at
+    if out_dir is not None:
+        _save(policy, out_dir, partial, summary, build)
+    return summary
+
+
+def _save(policy: Any, out_dir: Path, partial: Path, summary: dict[str, Any], build: dict[str, Any] | None) -> None:
+    """Save the checkpoint and ``summary`` (plus ``build``: rlkit.stages.cache.build_record) to ``out_dir``
+    atomically, then remove the saved progress in ``partial``."""
+    summary["build"] = build_record(build, policy)
+    save_stage(policy, out_dir, "grounding_summary.json", summary)
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def _setup_validation(env_spec: Any, policy: Any, cfg: Any, sampler: TaskSampler, tasks: list[str],
+                      blind: bool) -> tuple[list[GroundingItem], Any]:
+    """(the ``cfg.val_questions`` held-out questions, encoded; the blind control's fixed image, else None), drawn
+    with ``sampler`` and a numpy generator seeded with ``cfg.seed + 1``."""
     val_rng = np.random.default_rng(cfg.seed + 1)
-    val_examples = draw_examples(env_spec, sampler, all_tasks, cfg.val_questions, val_rng)
-    fixed = env_spec.grounding_example(sampler.sample(1)[0], all_tasks[0], val_rng).image if blind else None
-    val_items = [encode_example(policy, ex, fixed) for ex in val_examples]
+    val_examples = draw_examples(env_spec, sampler, tasks, cfg.val_questions, val_rng)
+    fixed = env_spec.grounding_example(sampler.sample(1)[0], tasks[0], val_rng).image if blind else None
+    return [encode_example(policy, ex, fixed) for ex in val_examples], fixed
+
+
+def _setup_optimizer(policy: Any, cfg: Any) -> tuple[list[torch.nn.Parameter], Any, Any]:
+    """(the trained parameters, AdamW over them at ``cfg.lr`` without weight decay, its linear warmup over
+    ``cfg.warmup_steps``)."""
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    key = bits_name(env_spec) if any(it.wall_bit or it.bit_tokens for it in val_items) else "all"
-    history: list[dict[str, Any]] = []
+    return params, opt, sched
+
+
+@dataclass
+class _Run:
+    """Where a build stands: its steps, check history and last accuracy table (None before the first check), the wall
+    time of its earlier parts (``elapsed``, s) and the steps it resumed from."""
+
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
     table: dict[str, float] | None = None
-    step = 0
-    partial = partial_dir(out_dir) if out_dir is not None else None
-    elapsed, resumed_at = 0.0, []
+    elapsed: float = 0.0
+    resumed_at: list[int] = field(default_factory=list)
+
+
+def _resume(partial: Path | None, policy: Any, opt: Any, sched: Any, sampler: TaskSampler, rng: np.random.Generator,
+            on_resume: Callable[[int], None] | None) -> _Run:
+    """A fresh ``_Run``, or, when an earlier build of this stage stopped (its save in ``partial``), its ``_Run``
+    with every live object set back to its last save; then ``on_resume(step)``."""
     st = load_partial(partial, _GROUNDING_PARTIAL_KEYS, "grounding") if partial is not None else None
-    if st is not None:  # an earlier build of this stage stopped: go on from its last save
-        restore_training_state(st, policy, opt, sched, sampler)
-        rng.bit_generator.state = st["rng"]
-        step, history, table = st["step"], st["history"], st["table"]
-        elapsed, resumed_at = st["wall_time_s"], [*st["resumed_at"], st["step"]]
-        if on_resume is not None:
-            on_resume(step)
+    if st is None:
+        return _Run()
+    restore_training_state(st, policy, opt, sched, sampler)
+    rng.bit_generator.state = st["rng"]
+    run = _Run(st["step"], st["history"], st["table"], st["wall_time_s"], [*st["resumed_at"], st["step"]])
+    if on_resume is not None:
+        on_resume(run.step)
+    return run
 
-    def save_progress() -> None:
-        save_partial(partial, {
-            "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(), "rng": rng.bit_generator.state,
-            "step": step, "history": history, "table": table,
-            "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
 
-    policy.model.train()
-    share = batch_shares_prefix(policy)
-    while step < cfg.max_steps:
-        batch = [encode_example(policy, ex, fixed)
-                 for ex in draw_examples(env_spec, sampler, all_tasks, cfg.batch_size, rng)]
-        logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False,
-                                      shared_prefix=share)  # the system prompt once (rlkit.algorithms.nll.batch_shares_prefix)
-        mask = torch.zeros_like(logprobs)
-        for i, it in enumerate(batch):
-            mask[i, : len(it.trajectory.loss_mask)] = torch.tensor(it.trajectory.loss_mask, dtype=torch.float32)
-        loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        checked = step % cfg.eval_every == 0 or step == cfg.max_steps
-        if checked:
-            per_token = token_hits(policy, val_items)
-            table = accuracy_table(val_items, [all(h) for h in per_token], per_token, bits_name(env_spec))
-            history.append({"step": step, "loss": float(loss.detach()), "accuracy": table,
-                            "wall_time_s": elapsed + time.time() - t0})
-        if progress is not None:
-            progress(step, cfg.max_steps, float(loss.detach()), table)
-        if checked and table.get(key, 0.0) >= cfg.target_accuracy:
-            break
-        if partial is not None and step < cfg.max_steps and (step % PARTIAL_EVERY == 0 or checked):
-            save_progress()
-    summary = {"steps": step, "wall_time_s": elapsed + time.time() - t0, "blind": blind, "tasks": all_tasks,
-               "stop_metric": key, "final": table, "history": history}
-    if resumed_at:
-        summary["resumed_at"] = resumed_at
-    if out_dir is not None:
-        summary["build"] = build_record(build, policy)
-        save_stage(policy, out_dir, "grounding_summary.json", summary)
-        shutil.rmtree(partial, ignore_errors=True)
-    return summary
+def _save_progress(partial: Path, policy: Any, opt: Any, sched: Any, sampler: TaskSampler, rng: np.random.Generator,
+                   run: _Run, t0: float) -> None:
+    """Save what ``_resume`` loads back to ``partial`` (rlkit.stages.cache.save_partial); ``t0``: this part's start."""
+    save_partial(partial, {
+        "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(), "rng": rng.bit_generator.state,
+        "step": run.step, "history": run.history, "table": run.table,
+        "wall_time_s": run.elapsed + time.time() - t0, "resumed_at": run.resumed_at})
+
+
+def _train_step(policy: Any, batch: list[GroundingItem], share: bool, params: list[torch.nn.Parameter], opt: Any,
+                sched: Any) -> torch.Tensor:
+    """One AdamW step on the mean negative logprob of ``batch``'s answer tokens (gradient norm clipped at 1); the
+    loss, detached."""
+    logprobs, _ = policy.logprobs([it.trajectory for it in batch], temperature=1.0, with_entropy=False,
+                                  shared_prefix=share)  # the system prompt once (rlkit.algorithms.nll.batch_shares_prefix)
+    mask = torch.zeros_like(logprobs)
+    for i, it in enumerate(batch):
+        mask[i, : len(it.trajectory.loss_mask)] = torch.tensor(it.trajectory.loss_mask, dtype=torch.float32)
+    loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def format_table(tables: dict[str, dict[str, float]]) -> str:

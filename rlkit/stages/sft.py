@@ -24,6 +24,7 @@ import logging
 import math
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -188,131 +189,236 @@ def train_sft(
     from, when it did; build: ``build_record(build)``), also written to ``out_dir/sft_summary.json``.
     Raises: RuntimeError if the demonstrations do not solve their tasks; ValueError if grounding_mix > 0
     and the env has no grounding questions or ``grounding_tasks`` is empty (the grounding stage itself
-    need not run: ``grounding.tasks`` names the tasks).
+    need not run: ``grounding.tasks`` names the tasks), or if recovery_share > 0 and the env has no recovery
+    demonstrations.
     """
     grounding_tasks = list(grounding_tasks)
+    _check_env(env_spec, cfg, grounding_tasks)
+    t0 = time.time()
+    sampler = training_sampler(env_spec, cfg.seed)
+    val_seeds = sampler.sample(cfg.val_tasks)
+    demos = _Demonstrations(env_spec, policy, cfg, sampler)
+    val = _setup_validation(env_spec, policy, val_seeds)
+    params, opt, sched = _setup_optimizer(policy, cfg)
+    share = batch_shares_prefix(policy)
+    mix = _GroundingMix(env_spec, cfg, grounding_tasks) if cfg.grounding_mix > 0 else None
+    partial = partial_dir(out_dir)
+    run = _resume(partial, out_dir, policy, opt, sched, demos, mix, on_resume)
+    while run.step < cfg.max_steps:
+        batch = demos.next_batch()
+        if mix is not None:  # the grounding questions beside the demonstrations (sft.grounding_mix)
+            batch = batch + mix.trajectories(policy)
+        loss, lr = _train_step(policy, batch, share, params, opt, sched)
+        run.step += 1
+        done = False
+        if run.step % cfg.eval_every == 0 or run.step == cfg.max_steps:
+            done = _validate(env_spec, policy, engine, greedy, cfg, val, run, loss, lr)
+        if progress is not None:  # after the check, so the line shows this step's val success
+            progress(run.step, cfg.max_steps, loss.item(), run.val_success if run.history else None)
+        if done:
+            break
+        if run.step < cfg.max_steps and (run.step % PARTIAL_EVERY == 0 or run.step % cfg.eval_every == 0):
+            _save_progress(partial, policy, opt, sched, demos, mix, run, t0)
+    return _finish(policy, out_dir, partial, demos, run, t0, build)
+
+
+def _check_env(env_spec: EnvSpec, cfg: SFTConfig, grounding_tasks: list[str]) -> None:
+    """Raise ValueError, naming the fix, when the env lacks what ``cfg`` mixes into the batches: grounding questions
+    (and a task list) for ``grounding_mix`` > 0, recovery demonstrations for ``recovery_share`` > 0."""
     if cfg.grounding_mix > 0 and (not isinstance(env_spec, SupportsGroundingQuestions) or not grounding_tasks):
         raise ValueError(f"sft.grounding_mix={cfg.grounding_mix} needs grounding questions: an env with "
                          f"grounding_example (this one: {type(env_spec).__name__}) and a task list "
                          "(grounding.tasks); or set sft.grounding_mix=0")
-    t0 = time.time()
-    gen = torch.Generator().manual_seed(cfg.seed)
-    sampler = training_sampler(env_spec, cfg.seed)
-    val_seeds = sampler.sample(cfg.val_tasks)
-    streaming = cfg.num_demos == 0
     if cfg.recovery_share > 0 and not isinstance(env_spec, SupportsRecoveryDemonstrations):
         raise ValueError(f"sft.recovery_share={cfg.recovery_share} needs an env with recovery_demonstration(seed, rng) "
                          f"(rlkit.types.SupportsRecoveryDemonstrations; this one: {type(env_spec).__name__}); "
                          "set sft.recovery_share=0")
-    r_rng = np.random.default_rng(cfg.seed + 2)  # draws which demonstrations are recovery ones, and their mistakes
-    demos: list[Trajectory] = []
-    num_drawn = 0
 
-    def draw(n: int) -> list[Trajectory]:
-        nonlocal num_drawn
+
+class _Demonstrations:
+    """The demonstrations a build trains on, one batch per step: with ``cfg.num_demos`` > 0 a fixed set drawn once and
+    gone through in shuffled passes (``torch.Generator`` seeded with ``cfg.seed``), with 0 a fresh batch of tasks
+    every step (no demonstration is seen twice). Tasks come from ``sampler``; which demonstrations are recovery
+    ones, and their mistakes, from a numpy generator seeded with ``cfg.seed + 2``.
+
+    Raises (from the constructor and ``next_batch``): RuntimeError when almost none of 100 draws' demonstrations
+    solves its task within the env's budget."""
+
+    def __init__(self, env_spec: EnvSpec, policy: Any, cfg: SFTConfig, sampler: TaskSampler) -> None:
+        self.env_spec, self.policy, self.cfg, self.sampler = env_spec, policy, cfg, sampler
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.recovery_rng = np.random.default_rng(cfg.seed + 2)
+        self.streaming = cfg.num_demos == 0
+        self.num_drawn = 0  # tasks drawn so far (skipped ones included)
+        self.order: list[int] = []  # the current pass's indices into ``fixed`` not yet trained on
+        self.fixed: list[Trajectory] = []
+        if not self.streaming:
+            self.fixed = self.draw(cfg.num_demos)
+            log.info("sft: %d demonstrations (%d tasks drawn)", len(self.fixed), self.num_drawn)
+
+    def draw(self, n: int) -> list[Trajectory]:
+        """``n`` demonstrations of freshly drawn tasks (a task whose shortest solution exceeds the budget is
+        skipped, and another drawn)."""
         out: list[Trajectory] = []
         for _ in range(100):  # a few draws are skipped (shortest path longer than the budget)
-            seeds = sampler.sample(n - len(out))
-            num_drawn += len(seeds)
-            out += demonstration_trajectories(env_spec, policy, seeds, cfg.recovery_share, r_rng)
+            seeds = self.sampler.sample(n - len(out))
+            self.num_drawn += len(seeds)
+            out += demonstration_trajectories(self.env_spec, self.policy, seeds, self.cfg.recovery_share,
+                                              self.recovery_rng)
             if len(out) >= n:
                 return out
         raise RuntimeError(
-            f"almost none of {num_drawn} demonstrations solves its task within the env's budget; "
+            f"almost none of {self.num_drawn} demonstrations solves its task within the env's budget; "
             f"raise env.max_turns or check the env's demonstration()"
         )
 
-    if not streaming:
-        demos = draw(cfg.num_demos)
-        log.info("sft: %d demonstrations (%d tasks drawn)", len(demos), num_drawn)
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    lr_factor = warmup_schedule(cfg.lr_schedule, cfg.warmup_steps, cfg.max_steps,
-                                "sft.lr_schedule")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
-    val_success, step, history = 0.0, 0, []
-    val_demos = demonstration_trajectories(env_spec, policy, val_seeds)
-    val_answers = [list(env_spec.demonstration(s)) for s in val_seeds]  # candidates of the answer prior
-    order: list[int] = []
-    share = batch_shares_prefix(policy)
-    g_sampler = g_rng = None
-    if cfg.grounding_mix > 0:
+    def next_batch(self) -> list[Trajectory]:
+        """The next step's ``cfg.batch_size`` demonstrations."""
+        size = self.cfg.batch_size
+        if self.streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
+            return self.draw(size)
+        if len(self.order) < size:
+            self.order += torch.randperm(len(self.fixed), generator=self.gen).tolist()
+        batch, self.order = [self.fixed[i] for i in self.order[:size]], self.order[size:]
+        return batch
+
+    def num_demos(self, steps: int) -> int:
+        """The demonstrations the build trained on in ``steps`` steps (each at least once)."""
+        return len(self.fixed) if not self.streaming else steps * self.cfg.batch_size
+
+
+class _GroundingMix:
+    """The ``cfg.grounding_mix`` grounding questions that join each batch: tasks drawn from ``tasks`` on training seeds,
+    with a task sampler and a numpy generator both seeded with ``cfg.seed + 1``."""
+
+    def __init__(self, env_spec: EnvSpec, cfg: SFTConfig, tasks: list[str]) -> None:
+        self.env_spec, self.n, self.tasks = env_spec, cfg.grounding_mix, tasks
+        self.sampler = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed)
+        self.rng = np.random.default_rng(cfg.seed + 1)
+
+    def trajectories(self, policy: Any) -> list[Trajectory]:
+        """The next batch's questions, encoded for ``policy`` (rlkit.stages.grounding.encode_example)."""
         from rlkit.stages.grounding import draw_examples, encode_example
 
-        g_sampler, g_rng = TaskSampler(cfg.seed + 1, env_spec.is_eval_seed), np.random.default_rng(cfg.seed + 1)
-    partial, elapsed, resumed_at = partial_dir(out_dir), 0.0, []
+        return [encode_example(policy, ex).trajectory
+                for ex in draw_examples(self.env_spec, self.sampler, self.tasks, self.n, self.rng)]
+
+
+@dataclass
+class _Validation:
+    """The held-out training seeds a build checks itself on, with their demonstrations (``demonstration_metrics``)
+    and their demonstrated answers (candidates of the answer prior)."""
+
+    seeds: list[int]
+    demos: list[Trajectory]
+    answers: list[list[str]]
+
+
+def _setup_validation(env_spec: EnvSpec, policy: Any, seeds: list[int]) -> _Validation:
+    """The ``_Validation`` of ``seeds``."""
+    demos = demonstration_trajectories(env_spec, policy, seeds)
+    return _Validation(seeds, demos, [list(env_spec.demonstration(s)) for s in seeds])
+
+
+def _setup_optimizer(policy: Any, cfg: SFTConfig) -> tuple[list[torch.nn.Parameter], Any, Any]:
+    """(the trained parameters, AdamW over them at ``cfg.lr`` without weight decay, its ``sft.lr_schedule``)."""
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    lr_factor = warmup_schedule(cfg.lr_schedule, cfg.warmup_steps, cfg.max_steps, "sft.lr_schedule")
+    return params, opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+
+
+@dataclass
+class _Run:
+    """Where a build stands: its steps, check history and last val success, the wall time of its earlier parts
+    (``elapsed``, s) and the steps it resumed from."""
+
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    val_success: float = 0.0
+    elapsed: float = 0.0
+    resumed_at: list[int] = field(default_factory=list)
+
+
+def _resume(partial: Path, out_dir: Path, policy: Any, opt: Any, sched: Any, demos: _Demonstrations,
+            mix: _GroundingMix | None, on_resume: Callable[[int], None] | None) -> _Run:
+    """A fresh ``_Run``, or, when an earlier build of this stage stopped (its save in ``partial``), its ``_Run``
+    with every live object set back to its last save; then ``on_resume(step)``."""
     st = load_partial(partial)
-    if st is not None:  # an earlier build of this stage stopped: go on from its last save
-        restore_training_state(st, policy, opt, sched, sampler)
-        gen.set_state(st["generator"])
-        if g_sampler is not None:
-            g_sampler.load_state_dict(st["grounding_sampler"])
-            g_rng.bit_generator.state = st["grounding_rng"]
-        if st.get("recovery_rng") is not None:
-            r_rng.bit_generator.state = st["recovery_rng"]
-        step, history, order, num_drawn = st["step"], st["history"], st["order"], st["num_drawn"]
-        val_success, elapsed, resumed_at = st["val_success"], st["wall_time_s"], [*st["resumed_at"], st["step"]]
-        log.info("sft: resuming %s at step %d", out_dir, step)
-        if on_resume is not None:
-            on_resume(step)
+    if st is None:
+        return _Run()
+    restore_training_state(st, policy, opt, sched, demos.sampler)
+    demos.gen.set_state(st["generator"])
+    if mix is not None:
+        mix.sampler.load_state_dict(st["grounding_sampler"])
+        mix.rng.bit_generator.state = st["grounding_rng"]
+    if st.get("recovery_rng") is not None:
+        demos.recovery_rng.bit_generator.state = st["recovery_rng"]
+    demos.order, demos.num_drawn = st["order"], st["num_drawn"]
+    run = _Run(st["step"], st["history"], st["val_success"], st["wall_time_s"], [*st["resumed_at"], st["step"]])
+    log.info("sft: resuming %s at step %d", out_dir, run.step)
+    if on_resume is not None:
+        on_resume(run.step)
+    return run
 
-    def save_progress() -> None:
-        save_partial(partial, {
-            "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
-            "grounding_sampler": None if g_sampler is None else g_sampler.state_dict(),
-            "grounding_rng": None if g_rng is None else g_rng.bit_generator.state,
-            "recovery_rng": r_rng.bit_generator.state,
-            "step": step, "history": history, "order": order, "num_drawn": num_drawn, "val_success": val_success,
-            "wall_time_s": elapsed + time.time() - t0, "resumed_at": resumed_at})
 
-    while step < cfg.max_steps:
-        if streaming:  # a fresh batch of tasks every step: no demonstration is seen twice
-            batch = draw(cfg.batch_size)
-        else:
-            if len(order) < cfg.batch_size:
-                order += torch.randperm(len(demos), generator=gen).tolist()
-            batch, order = [demos[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-        if cfg.grounding_mix > 0:  # the grounding questions beside the demonstrations (sft.grounding_mix)
-            batch = batch + [encode_example(policy, ex).trajectory
-                             for ex in draw_examples(env_spec, g_sampler, grounding_tasks, cfg.grounding_mix, g_rng)]
-        loss = demonstration_nll(policy, batch, shared_prefix=share)
-        loss.backward()
-        loss = loss.detach()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        lr = opt.param_groups[0]["lr"]  # this step's lr (sft.lr_schedule)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        done = False
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            metrics, per_task, _ = evaluate(env_spec, policy, engine, val_seeds, greedy, policy_version=-1)
-            val_success = metrics["eval/success_rate"]
-            fit = demonstration_metrics(policy, val_demos) if val_demos else {}
-            history.append({"step": step, "loss": float(loss), "lr": lr, "val_success": val_success,
-                            "val_distinct_outputs": metrics["eval/distinct_outputs"],
-                            **{f"val_{k}": v for k, v in fit.items()}})
-            done = val_success >= cfg.target_success
-            if done and cfg.answer_prior_margin > 0:  # not a stop while one fixed answer would do as well
-                prior, _ = answer_prior(env_spec, val_seeds, [r["actions"] for r in per_task] + val_answers)
-                history[-1]["val_answer_prior"] = prior
-                done = val_success >= prior + cfg.answer_prior_margin
-            log.debug("sft step %d: %s", step, history[-1])
-        if progress is not None:  # after the check, so the line shows this step's val success
-            progress(step, cfg.max_steps, loss.item(), val_success if history else None)
-        if done:
-            break
-        if step < cfg.max_steps and (step % PARTIAL_EVERY == 0 or step % cfg.eval_every == 0):
-            save_progress()
-    summary = {"steps": step, "val_success": val_success, "num_demos": len(demos) if not streaming else step * cfg.batch_size,
-               "num_tasks_drawn": num_drawn,
-               "wall_time_s": elapsed + time.time() - t0, "history": history}
-    if resumed_at:
-        summary["resumed_at"] = resumed_at
+def _save_progress(partial: Path, policy: Any, opt: Any, sched: Any, demos: _Demonstrations,
+                   mix: _GroundingMix | None, run: _Run, t0: float) -> None:
+    """Save what ``_resume`` loads back to ``partial`` (rlkit.stages.cache.save_partial); ``t0``: this part's start."""
+    save_partial(partial, {
+        "model": policy.model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        "generator": demos.gen.get_state(), "torch_rng": torch.get_rng_state(), "sampler": demos.sampler.state_dict(),
+        "grounding_sampler": None if mix is None else mix.sampler.state_dict(),
+        "grounding_rng": None if mix is None else mix.rng.bit_generator.state,
+        "recovery_rng": demos.recovery_rng.bit_generator.state,
+        "step": run.step, "history": run.history, "order": demos.order, "num_drawn": demos.num_drawn,
+        "val_success": run.val_success, "wall_time_s": run.elapsed + time.time() - t0, "resumed_at": run.resumed_at})
+
+
+def _train_step(policy: Any, batch: list[Trajectory], share: bool, params: list[torch.nn.Parameter], opt: Any,
+                sched: Any) -> tuple[torch.Tensor, float]:
+    """One AdamW step on ``batch``'s demonstration NLL (gradient norm clipped at 1): (the loss, detached; the lr it
+    stepped with)."""
+    loss = demonstration_nll(policy, batch, shared_prefix=share)
+    loss.backward()
+    loss = loss.detach()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    lr = opt.param_groups[0]["lr"]  # this step's lr (sft.lr_schedule)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, lr
+
+
+def _validate(env_spec: EnvSpec, policy: Any, engine: Any, greedy: Any, cfg: SFTConfig, val: _Validation, run: _Run,
+           loss: torch.Tensor, lr: float) -> bool:
+    """A validation check: the greedy success on ``val``'s seeds and the fit to their demonstrations, appended to
+    ``run.history``. Returns whether the build is done: the success reaches ``cfg.target_success`` and, with an
+    ``answer_prior_margin``, beats the val tasks' answer prior by it."""
+    metrics, per_task, _ = evaluate(env_spec, policy, engine, val.seeds, greedy, policy_version=-1)
+    run.val_success = metrics["eval/success_rate"]
+    fit = demonstration_metrics(policy, val.demos) if val.demos else {}
+    entry = {"step": run.step, "loss": float(loss), "lr": lr, "val_success": run.val_success,
+             "val_distinct_outputs": metrics["eval/distinct_outputs"], **{f"val_{k}": v for k, v in fit.items()}}
+    run.history.append(entry)
+    done = run.val_success >= cfg.target_success
+    if done and cfg.answer_prior_margin > 0:  # not a stop while one fixed answer would do as well
+        prior, _ = answer_prior(env_spec, val.seeds, [r["actions"] for r in per_task] + val.answers)
+        entry["val_answer_prior"] = prior
+        done = run.val_success >= prior + cfg.answer_prior_margin
+    log.debug("sft step %d: %s", run.step, entry)
+    return done
+
+
+def _finish(policy: Any, out_dir: Path, partial: Path, demos: _Demonstrations, run: _Run, t0: float,
+            build: dict[str, Any] | None) -> dict[str, Any]:
+    """Save the checkpoint and its summary to ``out_dir`` (atomically), remove the saved progress; the summary."""
+    summary = {"steps": run.step, "val_success": run.val_success, "num_demos": demos.num_demos(run.step),
+               "num_tasks_drawn": demos.num_drawn, "wall_time_s": run.elapsed + time.time() - t0,
+               "history": run.history}
+    if run.resumed_at:
+        summary["resumed_at"] = run.resumed_at
     summary["build"] = build_record(build, policy)
     save_stage(policy, out_dir, "sft_summary.json", summary)
     shutil.rmtree(partial, ignore_errors=True)
     return summary
-
-

@@ -152,20 +152,9 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
         ConfigError: an env, reward or policy config that cannot be built.
     """
     problems: list[str] = []
-    algo: AlgorithmConfig = to_dataclass(cfg.algorithm, AlgorithmConfig)
-    rollout: RolloutConfig = to_dataclass(cfg.rollout, RolloutConfig)
-    trainer: TrainerConfig = to_dataclass(cfg.trainer, TrainerConfig)
-    sft: SFTConfig = to_dataclass(cfg.sft, SFTConfig)
-    eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
-    steps, group_size, tasks_per_step = int(cfg.steps), int(cfg.group_size), int(cfg.tasks_per_step)
-
-    from rlkit.config import check_ranges
-
-    problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
-    optim: OptimConfig = to_dataclass(cfg.optim, OptimConfig)
-    sampling = cfg.sampling  # the strategy's node (rlkit.sampling.strategies)
-    aux: AuxLossConfig = to_dataclass(cfg.aux_loss, AuxLossConfig)
-    _check_unsupported(algo, optim, sampling, aux, trainer, sft, eval_cfg, steps, group_size, problems)
+    groups = _groups(cfg, problems)
+    _check_unsupported(groups.algo, groups.optim, groups.sampling, groups.aux, groups.trainer, groups.sft,
+                       groups.eval_cfg, groups.steps, groups.group_size, problems)
     if cfg.get("control") is not None:
         problems.append(f"control={cfg.control}: control runs (fixed_image, shuffled_reward) are built by "
                         "backend=native, native_ray and native_ray_ddp; run the control there")
@@ -176,14 +165,95 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
         problems.append("backend.engine_init_kwargs.enable_tower_connector_lora=false with LoRA on the vision side "
                         "(policy.lora): vLLM would sample without those modules, silently; remove the override, or "
                         "set policy.lora.include_vision=false")
-
     shared = str(cfg.paths.shared).rstrip("/")
     run_dir = settings.run_dir or f"{shared}/skyrl/{_slug(project)}/{run_name}"
-    data_dir = f"{run_dir}/data"
+    batches = _batch_geometry(groups, settings, problems)
+    engines = _inference_engines(settings, problems)
+    if problems:
+        raise SkyRLConfigError(
+            "backend=skyrl cannot run this config:\n" + "\n".join(f"  - {p}" for p in problems)
+            + "\nSee docs/skyrl.md for what maps to SkyRL."
+        )
+    train_seeds, eval_seeds = _datasets(cfg, groups, env_spec)
+    max_turns = int(env_spec.max_turns)
+    config: dict[str, Any] = {
+        "data": {
+            "train_data": [f"{run_dir}/data/train.jsonl"],
+            "val_data": [f"{run_dir}/data/eval.jsonl"],
+            "dataloader": {"num_workers": 0},
+        },
+        "trainer": _trainer(cfg, groups, settings, policy, batches, run_dir,
+                            (project, logger_name, skyrl_logger)),
+        "generator": _generator(groups, settings, policy, engines, max_turns, stop_strings(groups.rollout, env_spec)),
+        "environment": {
+            "env_class": REWARDED_ENV_ID,
+            "skyrl_gym": {"max_env_workers": settings.max_env_workers},
+        },
+    }
+    notes = [
+        f"env {task['env_id']} ({_target(cfg.env)}) with {max_turns} policy turn(s); "
+        f"eval set {env_spec.eval_set_name}: {len(eval_seeds)} tasks; {len(train_seeds)} training tasks",
+    ]
+    return SkyRLJob(
+        config=config, env_vars=env_vars, train_seeds=train_seeds, eval_seeds=eval_seeds, task=task,
+        eval_set_name=env_spec.eval_set_name, max_turns=max_turns, run_dir=run_dir, run_name=run_name,
+        notes=notes,
+    )
 
-    # --- batch geometry (SkyRL's validate_batch_sizes, stated in rlkit's terms)
-    world = settings.world_size
-    num_seqs = tasks_per_step * group_size
+
+@dataclass(frozen=True)
+class _Groups:
+    """The composed config's groups that ``compile_job`` maps, typed (rlkit.config's dataclasses), and its
+    top-level knobs."""
+
+    algo: AlgorithmConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    sft: SFTConfig
+    eval_cfg: EvalConfig
+    optim: OptimConfig
+    aux: AuxLossConfig
+    sampling: Any  # the strategy's node (rlkit.sampling.strategies)
+    steps: int
+    group_size: int
+    tasks_per_step: int
+
+
+def _groups(cfg: DictConfig, problems: list[str]) -> _Groups:
+    """``cfg``'s groups typed, appending to ``problems`` the range problems (rlkit.config.check_ranges) that apply
+    to SkyRL (not sft.*, which SkyRL refuses whole, nor trainer.resume_mode, checked by ``_check_unsupported``).
+
+    Raises: ConfigError (rlkit.plugins.to_dataclass) on a group that does not fit its dataclass."""
+    algo: AlgorithmConfig = to_dataclass(cfg.algorithm, AlgorithmConfig)
+    rollout: RolloutConfig = to_dataclass(cfg.rollout, RolloutConfig)
+    trainer: TrainerConfig = to_dataclass(cfg.trainer, TrainerConfig)
+    sft: SFTConfig = to_dataclass(cfg.sft, SFTConfig)
+    eval_cfg: EvalConfig = to_dataclass(cfg.eval, EvalConfig)
+    steps, group_size, tasks_per_step = int(cfg.steps), int(cfg.group_size), int(cfg.tasks_per_step)
+
+    from rlkit.config import check_ranges
+
+    problems.extend(p for p in check_ranges(cfg) if not p.startswith(("sft.", "trainer.resume_mode")))
+    return _Groups(algo=algo, rollout=rollout, trainer=trainer, sft=sft, eval_cfg=eval_cfg,
+                   optim=to_dataclass(cfg.optim, OptimConfig), aux=to_dataclass(cfg.aux_loss, AuxLossConfig),
+                   sampling=cfg.sampling, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step)
+
+
+@dataclass(frozen=True)
+class _Batches:
+    """The step's batch in SkyRL's units: prompts per mini-batch, sequences per micro-batch per GPU, and optimizer
+    steps per GRPO step."""
+
+    mini_prompts: int
+    micro: int
+    opt_steps_per_step: int
+
+
+def _batch_geometry(groups: _Groups, settings: SkyRLSettings, problems: list[str]) -> _Batches:
+    """The batch geometry (SkyRL's validate_batch_sizes, stated in rlkit's terms), appending to ``problems`` each
+    shape SkyRL would reject or silently truncate."""
+    algo, group_size, world = groups.algo, groups.group_size, settings.world_size
+    num_seqs = groups.tasks_per_step * group_size
     mini_seqs = algo.mini_batch_size or num_seqs
     if algo.mini_batch_size is not None and (mini_seqs % group_size or num_seqs % mini_seqs):
         problems.append(
@@ -191,7 +261,6 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
             f"split the step's batch evenly; use a multiple of group_size={group_size} that divides "
             f"tasks_per_step*group_size={num_seqs}, or null (one mini-batch)"
         )
-    mini_prompts = max(mini_seqs // group_size, 1)
     if num_seqs % world or mini_seqs % world:
         problems.append(
             f"tasks_per_step*group_size={num_seqs} sequences (mini-batch {mini_seqs}) do not split evenly over "
@@ -205,9 +274,14 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
             f"backend.micro_batch_size_per_gpu={micro} must divide the per-GPU mini-batch of {per_gpu_mini} "
             f"sequences (mini-batch {mini_seqs} / {world} GPUs)"
         )
-    opt_steps_per_step = (num_seqs // mini_seqs) * algo.update_epochs
+    return _Batches(mini_prompts=max(mini_seqs // group_size, 1), micro=micro,
+                    opt_steps_per_step=(num_seqs // mini_seqs) * algo.update_epochs)
 
-    # --- cluster shape (SkyRL's placement validation)
+
+def _inference_engines(settings: SkyRLSettings, problems: list[str]) -> int:
+    """The number of vLLM engines (SkyRL's placement validation), appending to ``problems`` a cluster shape SkyRL
+    would reject (then 1, so that the other checks still run)."""
+    world = settings.world_size
     engines = settings.num_inference_engines
     if engines is None:
         if not settings.colocate_all:
@@ -226,161 +300,164 @@ def compile_job(cfg: DictConfig, settings: SkyRLSettings) -> SkyRLJob:
             f"backend.colocate_all=true needs num_inference_engines*tensor_parallel_size == num_nodes*gpus_per_node "
             f"(got {engines}*{settings.tensor_parallel_size} vs {world})"
         )
+    return engines
 
-    if problems:
-        raise SkyRLConfigError(
-            "backend=skyrl cannot run this config:\n" + "\n".join(f"  - {p}" for p in problems)
-            + "\nSee docs/skyrl.md for what maps to SkyRL."
-        )
 
-    # --- datasets: training seeds from the native backend's sampler, eval seeds from the env
+def _datasets(cfg: DictConfig, groups: _Groups, env_spec: Any) -> tuple[list[int], list[int]]:
+    """(training seeds, eval seeds): ``steps * tasks_per_step`` seeds from the native backend's training sampler, and
+    the env's eval set (its first ``eval.num_tasks`` when set)."""
     from rlkit.tasks import training_sampler
 
-    train_seeds = training_sampler(env_spec, int(cfg.seed), pool_size=cfg.get("train_tasks")).sample(steps * tasks_per_step)
+    train_seeds = training_sampler(env_spec, int(cfg.seed), pool_size=cfg.get("train_tasks")).sample(
+        groups.steps * groups.tasks_per_step)
     eval_seeds = list(env_spec.eval_seeds())
-    if eval_cfg.num_tasks:
-        eval_seeds = eval_seeds[: eval_cfg.num_tasks]
+    if groups.eval_cfg.num_tasks:
+        eval_seeds = eval_seeds[: groups.eval_cfg.num_tasks]
+    return train_seeds, eval_seeds
 
-    max_turns = int(env_spec.max_turns)
-    stop = stop_strings(rollout, env_spec)
-    multi_turn = max_turns > 1
-    max_input = settings.max_input_length if multi_turn else settings.max_prompt_length
+
+def _trainer(cfg: DictConfig, groups: _Groups, settings: SkyRLSettings, policy: dict[str, Any], batches: _Batches,
+             run_dir: str, tracker: tuple[str, str, str]) -> dict[str, Any]:
+    """SkyRL's ``trainer`` section. ``policy``: ``_policy``'s mapping; ``tracker``: (project, run name for the
+    tracker, SkyRL logger), from ``_logger``."""
+    trainer, algo = groups.trainer, groups.algo
+    project, logger_name, skyrl_logger = tracker
+
+    def interval(n: int) -> int:
+        return n if n > 0 else groups.steps
+
+    return {
+        "placement": {
+            "colocate_all": settings.colocate_all,
+            "policy_num_nodes": settings.num_nodes,
+            "policy_num_gpus_per_node": settings.gpus_per_node,
+            "ref_num_nodes": settings.num_nodes,
+            "ref_num_gpus_per_node": settings.gpus_per_node,
+        },
+        "strategy": "fsdp",
+        "policy": _trainer_policy(cfg, groups, settings, policy, batches, run_dir),
+        "algorithm": _trainer_algorithm(groups),
+        "gradient_checkpointing": bool(policy["gradient_checkpointing"]),
+        "seed": int(cfg.seed),
+        "resume_mode": trainer.resume_mode,
+        "resume_path": trainer.resume_path,
+        "log_path": f"{run_dir}/logs",
+        "ckpt_path": f"{run_dir}/ckpts",
+        "max_ckpts_to_keep": int(trainer.max_ckpts_to_keep),
+        "ckpt_interval": interval(trainer.ckpt_interval),
+        "hf_save_interval": interval(trainer.export_interval),
+        "export_path": f"{run_dir}/exports",
+        "bf16": True,
+        "epochs": 1,
+        "max_training_steps": groups.steps,
+        "update_epochs_per_batch": int(algo.update_epochs),
+        "train_batch_size": groups.tasks_per_step,
+        "policy_mini_batch_size": batches.mini_prompts,
+        "micro_train_batch_size_per_gpu": batches.micro,
+        "micro_forward_batch_size_per_gpu": batches.micro,
+        "remove_microbatch_padding": False,
+        "eval_batch_size": settings.eval_batch_size,
+        "eval_before_train": bool(trainer.eval_before_train),
+        "eval_interval": interval(trainer.eval_interval),
+        "max_prompt_length": settings.max_prompt_length,
+        "flash_attn": policy["flash_attn"],
+        "project_name": project,
+        "run_name": logger_name,
+        "logger": skyrl_logger,
+        "tags": list(OmegaConf.select(cfg, "logger.tags", default=None) or []) or None,
+        "dump_eval_results": True,
+        "print_example_interval": 0 if trainer.quiet else 1,
+    }
+
+
+def _trainer_policy(cfg: DictConfig, groups: _Groups, settings: SkyRLSettings, policy: dict[str, Any],
+                    batches: _Batches, run_dir: str) -> dict[str, Any]:
+    """SkyRL's ``trainer.policy``: the model and its LoRA adapter, the optimizer (warmup counted in optimizer
+    steps), FSDP."""
+    lora, optim = policy["lora"], groups.optim
+    return {
+        "model": {
+            "path": policy["path"],
+            "lora": {
+                "rank": lora["rank"],
+                "alpha": lora["alpha"],
+                "dropout": lora["dropout"],
+                "lora_sync_path": f"{run_dir}/lora_sync",
+                "target_modules": lora["target_modules"],
+                "exclude_modules": lora["exclude_modules"],
+            },
+        },
+        "optimizer_config": {
+            "lr": float(cfg.lr),
+            "adam_betas": [float(b) for b in optim.adam_betas],
+            "weight_decay": float(optim.weight_decay),
+            "max_grad_norm": float(groups.algo.max_grad_norm),
+            "num_warmup_steps": int(optim.warmup_steps) * batches.opt_steps_per_step,
+            "scheduler": _LR_SCHEDULES[optim.lr_schedule],
+        },
+        "fsdp_config": {"cpu_offload": settings.fsdp_cpu_offload},
+    }
+
+
+def _trainer_algorithm(groups: _Groups) -> dict[str, Any]:
+    """SkyRL's ``trainer.algorithm``: GRPO with rlkit's clip, loss reduction and KL (see the module docstring)."""
+    algo, rollout = groups.algo, groups.rollout
+    return {
+        "advantage_estimator": "grpo",
+        "grpo_norm_by_std": bool(algo.norm_adv_by_std),
+        "zero_variance_filter": False,
+        "eps_clip_low": float(algo.eps_clip_low),
+        "eps_clip_high": float(algo.eps_clip_high),
+        "policy_loss_type": "regular" if algo.clip_ratio_c is None else "dual_clip",
+        **({} if algo.clip_ratio_c is None else {"clip_ratio_c": float(algo.clip_ratio_c)}),
+        "loss_reduction": _LOSS_REDUCTIONS[algo.loss_reduction],
+        **({"max_seq_len": 1} if algo.loss_reduction == "seq_mean_token_sum" else {}),
+        "use_kl_loss": algo.kl_coef > 0,
+        "kl_loss_coef": float(algo.kl_coef),
+        "kl_estimator_type": algo.kl_estimator,
+        "use_kl_in_reward": False,
+        "use_entropy_loss": False,
+        "temperature": float(rollout.temperature) if rollout.temperature > 0 else 1.0,
+    }
+
+
+def _generator(groups: _Groups, settings: SkyRLSettings, policy: dict[str, Any], engines: int, max_turns: int,
+               stop: tuple[str, ...]) -> dict[str, Any]:
+    """SkyRL's ``generator`` section: the vLLM engines, the multi-turn rollout and its sampling (``stop``: the
+    rollout's stop strings, rlkit.config.stop_strings)."""
+    rollout = groups.rollout
+    max_input = settings.max_input_length if max_turns > 1 else settings.max_prompt_length
     # vLLM applies LoRA to the vision tower and merger only with enable_tower_connector_lora, and otherwise
     # drops those modules without an error (issue 63; rlkit.serve.vllm)
     tower = {"enable_tower_connector_lora": True} if policy["vision_lora"] else {}
-    engine_kwargs = {"max_model_len": max_input + rollout.max_new_tokens, **tower, **settings.engine_init_kwargs}
-    lora = policy["lora"]
-
-    def interval(n: int) -> int:
-        return n if n > 0 else steps
-
-    config: dict[str, Any] = {
-        "data": {
-            "train_data": [f"{data_dir}/train.jsonl"],
-            "val_data": [f"{data_dir}/eval.jsonl"],
-            "dataloader": {"num_workers": 0},
+    return {
+        "inference_engine": {
+            "model_dtype": "bfloat16",
+            "run_engines_locally": True,
+            "num_engines": engines,
+            "backend": "vllm",
+            "weight_sync_backend": "nccl",
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "gpu_memory_utilization": float(settings.gpu_memory_utilization),
+            "enforce_eager": False,
+            "engine_init_kwargs": {"max_model_len": max_input + rollout.max_new_tokens, **tower,
+                                   **settings.engine_init_kwargs},
         },
-        "trainer": {
-            "placement": {
-                "colocate_all": settings.colocate_all,
-                "policy_num_nodes": settings.num_nodes,
-                "policy_num_gpus_per_node": settings.gpus_per_node,
-                "ref_num_nodes": settings.num_nodes,
-                "ref_num_gpus_per_node": settings.gpus_per_node,
-            },
-            "strategy": "fsdp",
-            "policy": {
-                "model": {
-                    "path": policy["path"],
-                    "lora": {
-                        "rank": lora["rank"],
-                        "alpha": lora["alpha"],
-                        "dropout": lora["dropout"],
-                        "lora_sync_path": f"{run_dir}/lora_sync",
-                        "target_modules": lora["target_modules"],
-                        "exclude_modules": lora["exclude_modules"],
-                    },
-                },
-                "optimizer_config": {
-                    "lr": float(cfg.lr),
-                    "adam_betas": [float(b) for b in optim.adam_betas],
-                    "weight_decay": float(optim.weight_decay),
-                    "max_grad_norm": float(algo.max_grad_norm),
-                    "num_warmup_steps": int(optim.warmup_steps) * opt_steps_per_step,
-                    "scheduler": _LR_SCHEDULES[optim.lr_schedule],
-                },
-                "fsdp_config": {"cpu_offload": settings.fsdp_cpu_offload},
-            },
-            "algorithm": {
-                "advantage_estimator": "grpo",
-                "grpo_norm_by_std": bool(algo.norm_adv_by_std),
-                "zero_variance_filter": False,
-                "eps_clip_low": float(algo.eps_clip_low),
-                "eps_clip_high": float(algo.eps_clip_high),
-                "policy_loss_type": "regular" if algo.clip_ratio_c is None else "dual_clip",
-                **({} if algo.clip_ratio_c is None else {"clip_ratio_c": float(algo.clip_ratio_c)}),
-                "loss_reduction": _LOSS_REDUCTIONS[algo.loss_reduction],
-                **({"max_seq_len": 1} if algo.loss_reduction == "seq_mean_token_sum" else {}),
-                "use_kl_loss": algo.kl_coef > 0,
-                "kl_loss_coef": float(algo.kl_coef),
-                "kl_estimator_type": algo.kl_estimator,
-                "use_kl_in_reward": False,
-                "use_entropy_loss": False,
-                "temperature": float(rollout.temperature) if rollout.temperature > 0 else 1.0,
-            },
-            "gradient_checkpointing": bool(policy["gradient_checkpointing"]),
-            "seed": int(cfg.seed),
-            "resume_mode": trainer.resume_mode,
-            "resume_path": trainer.resume_path,
-            "log_path": f"{run_dir}/logs",
-            "ckpt_path": f"{run_dir}/ckpts",
-            "max_ckpts_to_keep": int(trainer.max_ckpts_to_keep),
-            "ckpt_interval": interval(trainer.ckpt_interval),
-            "hf_save_interval": interval(trainer.export_interval),
-            "export_path": f"{run_dir}/exports",
-            "bf16": True,
-            "epochs": 1,
-            "max_training_steps": steps,
-            "update_epochs_per_batch": int(algo.update_epochs),
-            "train_batch_size": tasks_per_step,
-            "policy_mini_batch_size": mini_prompts,
-            "micro_train_batch_size_per_gpu": micro,
-            "micro_forward_batch_size_per_gpu": micro,
-            "remove_microbatch_padding": False,
-            "eval_batch_size": settings.eval_batch_size,
-            "eval_before_train": bool(trainer.eval_before_train),
-            "eval_interval": interval(trainer.eval_interval),
-            "max_prompt_length": settings.max_prompt_length,
-            "flash_attn": policy["flash_attn"],
-            "project_name": project,
-            "run_name": logger_name,
-            "logger": skyrl_logger,
-            "tags": list(OmegaConf.select(cfg, "logger.tags", default=None) or []) or None,
-            "dump_eval_results": True,
-            "print_example_interval": 0 if trainer.quiet else 1,
-        },
-        "generator": {
-            "inference_engine": {
-                "model_dtype": "bfloat16",
-                "run_engines_locally": True,
-                "num_engines": engines,
-                "backend": "vllm",
-                "weight_sync_backend": "nccl",
-                "tensor_parallel_size": settings.tensor_parallel_size,
-                "gpu_memory_utilization": float(settings.gpu_memory_utilization),
-                "enforce_eager": False,
-                "engine_init_kwargs": engine_kwargs,
-            },
-            "n_samples_per_prompt": group_size,
-            "batched": False,
-            "max_turns": max_turns,
-            "max_input_length": max_input,
-            "sampling_params": _sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
-                                         stop),
-            "use_conversation_multi_turn": True,
-            # a turn ended by a stop string is closed with the end-of-turn token, as rlkit's native rollout does
-            "append_eos_token_after_stop_str_in_multi_turn": True,
-            "eval_sampling_params": _sampling(rollout.eval_temperature, 1.0, 0, rollout.max_new_tokens, stop),
-            "eval_n_samples_per_prompt": 1,
-            "zero_reward_on_non_stop": False,
-            "apply_overlong_filtering": bool(algo.overlong_filtering),
-            "step_wise_trajectories": False,
-            "vision_language_generator": settings.vision_language_generator,
-        },
-        "environment": {
-            "env_class": REWARDED_ENV_ID,
-            "skyrl_gym": {"max_env_workers": settings.max_env_workers},
-        },
+        "n_samples_per_prompt": groups.group_size,
+        "batched": False,
+        "max_turns": max_turns,
+        "max_input_length": max_input,
+        "sampling_params": _sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens, stop),
+        "use_conversation_multi_turn": True,
+        # a turn ended by a stop string is closed with the end-of-turn token, as rlkit's native rollout does
+        "append_eos_token_after_stop_str_in_multi_turn": True,
+        "eval_sampling_params": _sampling(rollout.eval_temperature, 1.0, 0, rollout.max_new_tokens, stop),
+        "eval_n_samples_per_prompt": 1,
+        "zero_reward_on_non_stop": False,
+        "apply_overlong_filtering": bool(groups.algo.overlong_filtering),
+        "step_wise_trajectories": False,
+        "vision_language_generator": settings.vision_language_generator,
     }
-    notes = [
-        f"env {task['env_id']} ({_target(cfg.env)}) with {max_turns} policy turn(s); "
-        f"eval set {env_spec.eval_set_name}: {len(eval_seeds)} tasks; {len(train_seeds)} training tasks",
-    ]
-    return SkyRLJob(
-        config=config, env_vars=env_vars, train_seeds=train_seeds, eval_seeds=eval_seeds, task=task,
-        eval_set_name=env_spec.eval_set_name, max_turns=max_turns, run_dir=run_dir, run_name=run_name,
-        notes=notes,
-    )
 
 
 # ------------------------------------------------------------------------------------------ the groups
