@@ -67,9 +67,10 @@ def test_shapes_group_through_skyrls_generator(skyrl_case, processor, vllm_mm_se
         solved = float(k % 2 == 0)
         assert m["success"] == solved and m["reward"] == solved and m["turns"] == 1 and m["parse_failures"] == 0
     first = spec.make()
-    conversation = client.calls[0]["conversation"]
+    # task 0's first repetition (session "<uid>_<repetition>"), whatever order SkyRL's async episodes ran in
+    conversation = client.session_calls("0_0")[0]["conversation"]
     assert conversation[0] == {"role": "system", "content": first.system_prompt}
-    assert conversation[1]["content"][1]["text"] == first.reset(int(gen_input["env_extras"][0]["seed"])).text
+    assert conversation[1]["content"][1]["text"] == first.reset(int(ds[0][2]["seed"])).text
     assert out["rollout_metrics"]["environment/success"] == pytest.approx(0.5)
 
 
