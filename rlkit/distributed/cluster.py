@@ -158,9 +158,10 @@ class RayCluster:
             return
         from ray.util.placement_group import remove_placement_group
 
-        if getattr(self.rollout_spec, "engine", "rlkit") != "rlkit" and self.rollouts:
-            # their engines' own processes (vLLM) stop with a word first; a killed actor's engine exits by itself
-            # within a second (rlkit.policy.vllm_worker watches its parent), this only spares it the wait
+        if self.rollouts:
+            # every rollout worker closes its engine first (rlkit.engines: vLLM's own process stops with a word; a
+            # no-op for rlkit's engine); a killed actor's vLLM exits by itself within a second
+            # (rlkit.policy.vllm_worker watches its parent), this only spares it the wait
             try:
                 _get_all([r.shutdown.remote() for r in self.rollouts], 60.0, what="rollout workers (shutdown)")
             except Exception as e:  # noqa: BLE001 - a dead or hung worker is killed below anyway
