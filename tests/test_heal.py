@@ -44,6 +44,7 @@ class FlakyExecutor(LocalExecutor):
 
     def __init__(self, fail_at: list[int], error: BaseException | None = None, fail_eval_at: list[int] = (),
                  late_starts: int = 0, dead: list[str] = ()):
+        super().__init__()
         self.fail_at, self.fail_eval_at = list(fail_at), list(fail_eval_at)
         self.error = error or WorkersHungError("rollout workers did not answer within 1s")
         self.late_starts, self.dead = late_starts, list(dead)

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+from bench import bench_serve
 from rlkit.serve.models import AdapterError, parse_adapter_arg, resolve_adapter_dir, resolve_base
 from rlkit.serve.vllm import vllm_lora_rank
 
@@ -94,7 +95,7 @@ def test_serve_refuses_bad_input(tmp_path, adapters, capsys):
 def test_bench_serve_against_a_server(base_dir, adapters, tmp_path):
     with serving(base_dir, [f"a={adapters['a']}"]) as srv:
         report = tmp_path / "bench.json"
-        rc = load_script("bench_serve").main(["--url", f"{srv.url}/v1", "--model", "a", "--requests", "6",
+        rc = bench_serve.main(["--url", f"{srv.url}/v1", "--model", "a", "--requests", "6",
                                               "--concurrency", "3", "--max-tokens", "8", "--json", str(report)])
     assert rc == 0
     r = json.loads(report.read_text())
