@@ -82,6 +82,7 @@ def _overrides(job_dir: Path) -> str:
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` (one dict per job, keys ``COLUMNS``) to ``sweep_dir``/sweep_summary.json and .csv."""
     sweep_dir = Path(sweep_dir)
     (sweep_dir / "sweep_summary.json").write_text(json.dumps(rows, indent=2))
     with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
@@ -91,6 +92,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def print_summary(rows: list[dict[str, Any]], title: str) -> None:
+    """Print ``rows`` (one per job) as a rich table under ``title``; success rates in %, "-" where unknown."""
+
     from rich.console import Console
     from rich.table import Table
 

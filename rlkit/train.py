@@ -20,6 +20,9 @@ from rlkit.config import CONF_DIR  # (importing it registers the typed schema co
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    """The Hydra app behind ``python train.py`` and ``rlkit-train``: one job of ``cfg`` (conf/train.yaml) through
+    rlkit.run.run; returns its result dict (also result.json). A config, checkpoint, metrics-service or worker error
+    ends a single run with its message and exit code 1 (in a sweep it is raised for the launcher to record)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

@@ -94,6 +94,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model`` is wrapped by peft (``peft.PeftModel``: it carries a LoRA adapter)."""
+
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
