@@ -7,7 +7,7 @@ Public API (see each module's docstring for shapes, layouts and sources):
 - rlkit.policy.chat: ChatFormat (``policy.chat``: user_turn, turn_end_ids, concat_images),
   TurnTokens, ImageInput, ImageBatch. The token layout of a trajectory is documented there.
 - rlkit.policy.engine: RolloutEngine, TransformersEngine, make_engine, PromptInput, SamplingParams,
-  Completion.
+  Completion, TopLogprobs.
 - rlkit.policy.batching: sequence_batch, SequenceBatch, mrope_position_ids.
 - rlkit.policy.logprobs: compute_logprobs (rlkit.policy.shared_prefix: its shared-prefix forward).
 - rlkit.policy.lora: LoraSettings, AdapterInfo, apply_lora, save_adapter, load_adapter_inplace,
@@ -16,7 +16,8 @@ Public API (see each module's docstring for shapes, layouts and sources):
 """
 
 from rlkit.policy.chat import ChatFormat, ImageBatch, ImageInput, TurnTokens, concat_images
-from rlkit.policy.engine import Completion, PromptInput, RolloutEngine, SamplingParams, TransformersEngine, make_engine
+from rlkit.policy.engine import (Completion, PromptInput, RolloutEngine, SamplingParams, TopLogprobs, TransformersEngine,
+                                 make_engine)
 from rlkit.policy.batching import SequenceBatch, mrope_position_ids, sequence_batch
 from rlkit.policy.logprobs import compute_logprobs
 from rlkit.policy.lora import (
@@ -46,6 +47,7 @@ __all__ = [
     "SamplingParams",
     "SequenceBatch",
     "TinyVLSizes",
+    "TopLogprobs",
     "TransformersEngine",
     "TurnTokens",
     "apply_lora",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -97,7 +97,10 @@ class SamplingParams:
     and weights -> same samples); None = fresh randomness. stop: strings that end a completion as
     soon as its text contains one (vLLM's ``stop`` with ``include_stop_str_in_output=True``: the
     text keeps the stop string and is cut right after it; token_ids keep every sampled token, so
-    the last one may reach past it); the end-of-turn token always ends it too.
+    the last one may reach past it); the end-of-turn token always ends it too. top_logprobs: at each
+    step also report the k most likely token ids and their logprobs (``TopLogprobs``, k = top_logprobs;
+    0 = none, and nothing is computed), from the distribution the sampled token's logprob comes from
+    (the untruncated tempered one: rlkit.policy.logprobs); they do not change what is sampled.
     """
 
     temperature: float = 1.0
@@ -107,6 +110,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -120,6 +124,21 @@ class SamplingParams:
             raise ValueError(f"n={self.n} must be >= 1")
         if isinstance(self.stop, str) or any(not isinstance(x, str) or not x for x in self.stop):
             raise ValueError(f"stop={self.stop!r} must be a list of non-empty strings")
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs={self.top_logprobs!r} must be an int >= 0")
+
+
+class TopLogprobs(NamedTuple):
+    """The k most likely tokens at one step of a completion (``SamplingParams.top_logprobs`` = k).
+
+    token_ids: k ids, most likely first (equal logprobs among them: lower id first). logprobs: their k logprobs
+    (natural log, float; -inf for a banned id, which only appears when fewer than k ids are allowed), of
+    the same distribution as ``Completion.logprobs``: log_softmax((logits + ban) / tau), before top-k /
+    top-p truncation. The sampled token's own entry, when it is among them, equals its logprob exactly.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
 
 
 @dataclass
@@ -131,6 +150,8 @@ class Completion:
     text: decoded token_ids without the final <|im_end|> (cut right after the stop string when one
     ended it). finish_reason: "stop" | "length". stop_reason: the stop string (SamplingParams.stop)
     that ended it, None when the end-of-turn token did or it ran out of tokens (vLLM's field).
+    top_logprobs: one TopLogprobs per token (the k most likely at that step) when
+    ``SamplingParams.top_logprobs`` > 0, else None.
     """
 
     token_ids: list[int]
@@ -138,6 +159,7 @@ class Completion:
     text: str
     finish_reason: str
     stop_reason: str | None = None
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 @dataclass
@@ -152,8 +174,9 @@ class GenerateStats:
     extra: dict = field(default_factory=dict)
 
 
-#: ``on_token(prompt_index, sample_index, token_id, logprob)`` of ``TransformersEngine.generate``.
-TokenCallback = Callable[[int, int, int, float], None]
+#: ``on_token(prompt_index, sample_index, token_id, logprob)`` of ``TransformersEngine.generate``; with
+#: ``SamplingParams.top_logprobs`` > 0 it gets a fifth argument, the step's TopLogprobs.
+TokenCallback = Callable[..., None]
 
 
 @runtime_checkable
@@ -195,6 +218,25 @@ def sample_from_logits(
         untruncated distribution (tau = 1 for greedy). Top-k / top-p restrict only the draw
         (vLLM semantics: k first, then p over the k survivors, at least one token kept).
     """
+    tokens, chosen, _ = _draw(logits, banned, sampling, generator)
+    return tokens, chosen
+
+
+def top_logprobs_of(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely ids of each row of ``logp`` [R, V] (log-probabilities): (ids [R, k'] long,
+    values [R, k'] of ``logp``'s dtype), k' = min(k, V), most likely first; equal values among them are ordered
+    by id (lower first), so their order does not depend on torch.topk's (which of the ids tied at the k-th
+    value are kept does)."""
+    vals, ids = torch.topk(logp, min(int(k), logp.shape[-1]), dim=-1)  # [R, k']
+    by_id = ids.argsort(dim=-1)
+    ids, vals = ids.gather(-1, by_id), vals.gather(-1, by_id)
+    order = vals.argsort(dim=-1, descending=True, stable=True)
+    return ids.gather(-1, order), vals.gather(-1, order)
+
+
+def _draw(logits, banned, sampling, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sample_from_logits`` that also returns the distribution the logprobs are read from:
+    (tokens [R] long, logprobs [R] float32, log-distribution [R, V] float32)."""
     logp = tempered_log_probs(logits, banned, sampling.temperature)  # [R, V] float32
     if sampling.temperature <= 0:
         tokens = logp.argmax(dim=-1)
@@ -213,7 +255,7 @@ def sample_from_logits(
             scores = scores.masked_fill(drop, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         tokens = _inverse_cdf_draw(probs, generator)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), logp
 
 
 class TransformersEngine:
@@ -273,8 +315,11 @@ class TransformersEngine:
                 ``on_token(prompt_index, sample_index, token_id, logprob)`` (ints and a float, the values the
                 Completion gets; per step in row order, so the tokens of one completion arrive in order). A
                 completion's last call is its last token (``<|im_end|>``, the token completing a stop string,
-                or the ``max_new_tokens``-th). It does not change what is sampled; an exception it raises
-                ends the call (propagated; nothing is returned). None: no calls, no cost.
+                or the ``max_new_tokens``-th). With ``sampling.top_logprobs`` = k > 0 it is called with a fifth
+                argument, the step's TopLogprobs (k ids and their logprobs, ``Completion.top_logprobs``' entry),
+                ``on_token(prompt_index, sample_index, token_id, logprob, top)``; with k = 0 with four, as before.
+                It does not change what is sampled; an exception it raises ends the call (propagated; nothing
+                is returned). None: no calls, no cost.
 
         Returns: list (one per prompt, in order) of lists of n Completions.
 
@@ -474,7 +519,8 @@ class TransformersEngine:
 
     def _generate_chunk(self, prompts, states, sampling, n, generator, stats, device, keep: bool = False,
                         emit=None) -> tuple[list[list[Completion]], list[list[KVState]]]:
-        """Sample a chunk (prompts x n rows). emit: None or ``emit(row, token_id, logprob)`` per sampled token."""
+        """Sample a chunk (prompts x n rows). emit: None or ``emit(row, token_id, logprob)`` per sampled token
+        (``emit(row, token_id, logprob, top)`` with ``sampling.top_logprobs`` > 0, top a TopLogprobs)."""
         model = self.policy.model
         chat = self.policy.chat
         im_end = chat.im_end_id
@@ -496,6 +542,8 @@ class TransformersEngine:
         rows = logits.shape[0]
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logps: list[list[float]] = [[] for _ in range(rows)]
+        k_top = sampling.top_logprobs
+        tops: list[list[TopLogprobs]] | None = [[] for _ in range(rows)] if k_top > 0 else None
         finish = ["length"] * rows
         stop_reason: list[str | None] = [None] * rows
         stops = tuple(sampling.stop)
@@ -503,12 +551,18 @@ class TransformersEngine:
         kept: list[KVState | None] = [None] * rows
         alive = torch.arange(rows, device=device)  # original row index of each live batch row
         for step in range(sampling.max_new_tokens):
-            tok, lp = sample_from_logits(logits, banned, sampling, generator)
+            tok, lp, logp = _draw(logits, banned, sampling, generator)
             tok_l, lp_l, alive_l = tok.tolist(), lp.tolist(), alive.tolist()
+            top_l = None
+            if tops is not None:  # the step's k most likely, of the distribution lp is read from
+                top_ids, top_vals = top_logprobs_of(logp, k_top)  # [R, k]
+                top_l = [TopLogprobs(i, v) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
             keep_rows = []
             for j, r in enumerate(alive_l):
                 tokens[r].append(tok_l[j])
                 logps[r].append(lp_l[j])
+                if top_l is not None:
+                    tops[r].append(top_l[j])
                 if tok_l[j] == im_end:
                     finish[r] = "stop"
                 elif stops and (hit := self._stop_hit(tokens[r], stops, stop_tails)) is not None:
@@ -517,7 +571,10 @@ class TransformersEngine:
                     keep_rows.append(j)
             if emit is not None:
                 for j, r in enumerate(alive_l):
-                    emit(r, tok_l[j], lp_l[j])
+                    if top_l is None:
+                        emit(r, tok_l[j], lp_l[j])
+                    else:
+                        emit(r, tok_l[j], lp_l[j], top_l[j])
             stats.generated_tokens += len(alive_l)
             last = not keep_rows or step == sampling.max_new_tokens - 1
             if keep:  # rows that end now: their cache holds the prompt and all but the last sampled token
@@ -551,7 +608,8 @@ class TransformersEngine:
         states_out: list[list[KVState]] = []
         for i in range(len(prompts)):
             results.append([Completion(tokens[r], logps[r], self._text(tokens[r], stop_reason[r]), finish[r],
-                                       stop_reason[r]) for r in range(i * n, (i + 1) * n)])
+                                       stop_reason[r], None if tops is None else tops[r])
+                             for r in range(i * n, (i + 1) * n)])
             if keep:
                 states_out.append([kept[r] for r in range(i * n, (i + 1) * n)])
         return results, states_out
@@ -592,12 +650,13 @@ class TransformersEngine:
         return KVState(keys=keys, values=values, input_ids=ids, num_images=num_images, next_position=int(next_position))
 
 
-def _row_callback(on_token: TokenCallback, first_prompt: int, n: int) -> Callable[[int, int, float], None]:
-    """``emit(row, token_id, logprob)`` for the rows of a chunk whose first prompt is ``first_prompt``: rows are
-    prompt-major (n per prompt, with or without a shared prefill), so row r is sample r % n of prompt r // n."""
+def _row_callback(on_token: TokenCallback, first_prompt: int, n: int) -> Callable[..., None]:
+    """``emit(row, token_id, logprob[, top])`` for the rows of a chunk whose first prompt is ``first_prompt``: rows
+    are prompt-major (n per prompt, with or without a shared prefill), so row r is sample r % n of prompt r // n;
+    ``top`` (a TopLogprobs, only with ``SamplingParams.top_logprobs`` > 0) is passed on as on_token's fifth argument."""
 
-    def emit(row: int, token_id: int, logprob: float) -> None:
-        on_token(first_prompt + row // n, row % n, token_id, logprob)
+    def emit(row: int, token_id: int, logprob: float, *top: TopLogprobs) -> None:
+        on_token(first_prompt + row // n, row % n, token_id, logprob, *top)
 
     return emit
 

@@ -367,7 +367,7 @@ class VllmEngine:
 
         Returns: one list of n Completions per prompt, in order (token ids, their logprobs, text, finish reason and
         stop string as rlkit's engine reports them).
-        Raises: ValueError (bad sampling params, top-k / top-p, a prompt without its source images);
+        Raises: ValueError (bad sampling params, top-k / top-p, top_logprobs, a prompt without its source images);
             VllmEngineError (vLLM failed, or expanded a prompt to other ids than rlkit's);
             rlkit.policy.vllm_facts.ProbeMismatch (the probe after a load: vLLM does not run the policy's weights).
         """
@@ -376,6 +376,9 @@ class VllmEngine:
             raise ValueError(f"top_k={sampling.top_k}, top_p={sampling.top_p}: with top-k / top-p vLLM reports the "
                              "logprobs of the truncated distribution, rlkit's update expects the untruncated one; use "
                              "top_k=0, top_p=1 with rollout.engine=vllm")
+        if sampling.top_logprobs:
+            raise ValueError(f"top_logprobs={sampling.top_logprobs}: this engine returns only the sampled tokens' "
+                             "logprobs; use rlkit's engine (TransformersEngine) for the top ones")
         if not prompts:
             return []
         wire = [self._wire_prompt(i, p) for i, p in enumerate(prompts)]

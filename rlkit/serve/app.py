@@ -21,9 +21,10 @@ token, then ``finish_reason``; a usage chunk with ``stream_options.include_usage
 The chunks leave as the engine samples (its ``on_token`` callback puts each token on a queue the event loop
 reads): a token's text is sent once it is sure to begin the final content (rlkit.serve.tokens.StreamPieces:
 a character split over tokens waits for its last byte, text that may still become a stop sequence waits for
-the end), so the streamed text is exactly the non-streamed content. With ``top_logprobs``, whose values come
-from a forward of the whole completion, the chunks are sent when it is done (``completion_chunks``). An
-error found before sampling (a bad parameter, a prompt too long) is a plain JSON error, as with vLLM; one
+the end), so the streamed text is exactly the non-streamed content. Logprobs and ``top_logprobs`` stream live
+too: the engine hands each token's top ids and logprobs to the callback with the token. (A tokenizer without
+byte-level pieces, which StreamPieces needs, gets its chunks once the completion is done: ``completion_chunks``.)
+An error found before sampling (a bad parameter, a prompt too long) is a plain JSON error, as with vLLM; one
 after the stream began is a last ``data: {"error": ...}`` event before ``[DONE]``. A client that closes its
 stream stops the sampling at the next token.
 
@@ -33,10 +34,12 @@ per sampled token, the final ``<|im_end|>`` included (``usage.completion_tokens`
 bytes, rlkit.serve.tokens), ``logprob`` and ``top_logprobs``. The quantity is the one the policy samples
 from and trains with (rlkit.policy.logprobs: banned ids masked, divided by the temperature, 1 for greedy;
 before top-k / top-p truncation), as ``scripts/serve.py --engine vllm`` asks vLLM for
-(``--logprobs-mode processed_logprobs``). Without ``top_logprobs`` they are the sampler's own values; with
-it, all of them come from one teacher-forced forward of prompt + completion (ModelHost.top_logprobs), so a
-token's logprob equals its own entry in ``top_logprobs`` (sampler and teacher-forced values agree within
-float32 rounding: tests/policy/test_logprobs.py, tests/serve/test_openai_types.py).
+(``--logprobs-mode processed_logprobs``). All of them are the sampler's own values: with ``top_logprobs`` = k
+the engine also takes the k most likely ids of the distribution it draws each token from
+(``SamplingParams.top_logprobs``, rlkit.policy.TopLogprobs), so a token's logprob equals its own entry in
+``top_logprobs`` exactly, and no second forward runs. They agree with the trainer's teacher-forced
+compute_logprobs within float32 rounding (tests/policy/test_logprobs.py, tests/policy/test_engine.py,
+tests/serve/test_openai_types.py).
 
 Concurrency: requests are parsed and their images decoded on the event loop's thread pool, then
 queued to a single model worker thread that builds the prompt, selects the adapter and generates,
@@ -164,7 +167,8 @@ def _check_params(req: ChatRequest, host: ModelHost, limits: ServeLimits) -> Non
 
 def _sampling(req: ChatRequest, prompt_len: int, model_len: int, limits: ServeLimits):
     """rlkit SamplingParams for a request (temperature 0 = greedy; OpenAI defaults: temperature 1,
-    top_p 1), or APIError 400 when prompt + max_tokens exceed the context (vLLM's check)."""
+    top_p 1; the engine computes ``top_logprobs`` only when logprobs are asked), or APIError 400 when prompt +
+    max_tokens exceed the context (vLLM's check)."""
     from rlkit.policy import SamplingParams
 
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -183,6 +187,7 @@ def _sampling(req: ChatRequest, prompt_len: int, model_len: int, limits: ServeLi
         n=req.n or 1,
         seed=req.seed,
         stop=req.stop_strings(),
+        top_logprobs=int(req.top_logprobs or 0) if req.logprobs else 0,
     )
 
 
@@ -311,7 +316,7 @@ class _ChatService:
             raise APIError(429, f"the server is busy ({self.counts['pending']} requests queued); retry later",
                            type="rate_limit_error", code="server_busy")
         loop = asyncio.get_running_loop()
-        if req.stream and self.token_text.byte_level and not req.top_logprobs:
+        if req.stream and self.token_text.byte_level:
             return await self._live_stream(req, turns, loop)
         self.counts["pending"] += 1
         job = loop.run_in_executor(self.worker, self._run, req, turns)
@@ -343,17 +348,17 @@ class _ChatService:
         """A token as logprobs entries name it: its text, or vLLM's ``token_id:<id>``."""
         return f"token_id:{token_id}" if req.return_tokens_as_token_ids else self.token_text.text(token_id)
 
-    def _logprobs(self, req: ChatRequest, prompt, c, temperature: float) -> list[dict[str, Any]]:
-        """The logprobs entries of completion ``c`` (see the module doc, "Logprobs")."""
-        k = req.top_logprobs or 0
-        chosen, top_ids, top_lps = list(c.logprobs), [[]] * len(c.token_ids), [[]] * len(c.token_ids)
-        if k > 0:
-            chosen, top_ids, top_lps = self.host.top_logprobs(req.model, prompt.input_ids, prompt.image_inputs,
-                                                              c.token_ids, temperature, k)
+    def _entry(self, req: ChatRequest, token_id: int, logprob: float, top=None) -> dict[str, Any]:
+        """One logprobs entry (see the module doc, "Logprobs"): a sampled token, its logprob and ``top`` (None, or
+        the step's rlkit.policy.TopLogprobs from the engine, whose ids are named as the token is)."""
         raw = self.token_text.raw
-        return [token_logprob(self._token_name(req, tok), raw(tok), lp,
-                              [(self._token_name(req, i), raw(i), v) for i, v in zip(ids, vals)])
-                for tok, lp, ids, vals in zip(c.token_ids, chosen, top_ids, top_lps)]
+        alts = [] if top is None else [(self._token_name(req, i), raw(i), v) for i, v in zip(*top)]
+        return token_logprob(self._token_name(req, token_id), raw(token_id), logprob, alts)
+
+    def _logprobs(self, req: ChatRequest, c) -> list[dict[str, Any]]:
+        """The logprobs entries of completion ``c``, one per sampled token (its ``top_logprobs`` when asked)."""
+        tops = c.top_logprobs if c.top_logprobs is not None else [None] * len(c.token_ids)
+        return [self._entry(req, tok, lp, top) for tok, lp, top in zip(c.token_ids, c.logprobs, tops)]
 
     def _run(self, req: ChatRequest, turns, on_token=None, started=None) -> tuple[list[ChoiceOut], int, int]:
         """(choices, prompt tokens, completion tokens) of a request; runs on the model worker.
@@ -379,7 +384,7 @@ class _ChatService:
                     remember_completion(self.sampled, prompt, c.token_ids, c.text, chat.im_end_id)
             choices.append(ChoiceOut(
                 text, c.finish_reason, stop,
-                logprobs=self._logprobs(req, prompt, c, sampling.temperature) if req.logprobs and not live else None,
+                logprobs=self._logprobs(req, c) if req.logprobs and not live else None,
                 deltas=self.token_text.deltas(c.token_ids, text) if req.stream and not live else None,
             ))
         return choices, len(prompt.input_ids), sum(len(c.token_ids) for c in completions)
@@ -387,19 +392,20 @@ class _ChatService:
     async def _live_stream(self, req: ChatRequest, turns, loop: asyncio.AbstractEventLoop):
         """Stream a request's tokens as the engine samples them (see the module doc, "Streaming").
 
-        The model worker puts ("started",), then ("token", choice, id, logprob) per sampled token, then ("done",
-        result) or ("failed", exception) on a queue the event loop reads. An error before "started" is answered
-        as a JSON error; one after it ends the stream with an error event (``_live_events``)."""
+        The model worker puts ("started",), then ("token", choice, id, logprob, top) per sampled token (top: the
+        step's rlkit.policy.TopLogprobs with ``top_logprobs``, else None), then ("done", result) or ("failed",
+        exception) on a queue the event loop reads. An error before "started" is answered as a JSON error; one
+        after it ends the stream with an error event (``_live_events``)."""
         queue: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()  # the client left: the worker stops sampling at its next token
 
         def put(*item) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def on_token(k: int, token_id: int, logprob: float) -> None:
+        def on_token(k: int, token_id: int, logprob: float, top=None) -> None:
             if gone.is_set():
                 raise _ClientGone
-            put("token", k, token_id, logprob)
+            put("token", k, token_id, logprob, top)
 
         def job() -> None:
             try:
@@ -434,11 +440,10 @@ class _ChatService:
             while True:
                 item = await queue.get()
                 if item[0] == "token":
-                    _, k, tok, lp = item
+                    _, k, tok, lp, top = item
                     piece = pieces[k].push(tok)
                     if piece or req.logprobs:
-                        entry = (token_logprob(self._token_name(req, tok), self.token_text.raw(tok), lp)
-                                 if req.logprobs else None)
+                        entry = self._entry(req, tok, lp, top) if req.logprobs else None
                         yield sse_event(out.content(k, piece, entry))
                     continue
                 if item[0] == "failed":

@@ -258,10 +258,12 @@ class ModelHost:
         """Sample ``sampling.n`` completions of one prompt with model ``name`` (base or an adapter).
 
         on_token: None, or ``on_token(sample_index, token_id, logprob)`` called on this thread as each token is
-            sampled (rlkit.policy.TransformersEngine.generate's callback, for the one prompt); an exception it
+            sampled (rlkit.policy.TransformersEngine.generate's callback, for the one prompt; with
+            ``sampling.top_logprobs`` > 0 a fourth argument, the step's rlkit.policy.TopLogprobs); an exception it
             raises ends the call.
         Not thread-safe: call from one thread at a time (see the module doc).
-        Returns: list of rlkit.policy.Completion. Raises: KeyError for an unknown name.
+        Returns: list of rlkit.policy.Completion (with ``top_logprobs`` when ``sampling.top_logprobs`` > 0).
+        Raises: KeyError for an unknown name.
         """
         from rlkit.policy import PromptInput
         from rlkit.policy.chat import concat_images
@@ -272,50 +274,8 @@ class ModelHost:
         with self._active(name):
             if on_token is None:
                 return self.engine.generate([prompt], sampling)[0]
-            return self.engine.generate([prompt], sampling, on_token=lambda i, k, t, lp: on_token(k, t, lp))[0]
-
-
-    def top_logprobs(self, name: str, prompt_ids: list[int], image_inputs: list, token_ids: list[int],
-                     temperature: float, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
-        """Teacher-forced logprobs of one completion and the ``k`` most likely ids at each of its positions.
-
-        One forward of prompt + completion with model ``name`` (base or an adapter). The distribution is the
-        one rlkit samples from and reports (rlkit.policy.logprobs.tempered_log_probs: banned ids masked,
-        divided by ``temperature``, 1 for greedy; before top-k / top-p truncation), the quantity
-        ``Completion.logprobs`` holds and vLLM's ``--logprobs-mode processed_logprobs`` returns.
-
-        Returns: (chosen [T], top_ids [T][k], top_logprobs [T][k]) as Python lists, T = len(token_ids); each
-        position's top ids most likely first (equal logprobs among them: lower id first). Not thread-safe (as ``generate``).
-        Raises: KeyError for an unknown name; ValueError for an empty completion or ``k`` < 0.
-        """
-        import torch
-
-        from rlkit.policy import PromptInput
-        from rlkit.policy.chat import concat_images
-        from rlkit.policy.logprobs import banned_mask, sequence_batch, tempered_log_probs
-
-        if name != self.base_name and name not in self.adapters:
-            raise KeyError(name)
-        if not token_ids or k < 0:
-            raise ValueError(f"top_logprobs needs a non-empty completion and k >= 0 (got {len(token_ids)} tokens, k={k})")
-        model = self.policy.model
-        seq = PromptInput(input_ids=[*prompt_ids, *token_ids], **concat_images(image_inputs))
-        t = len(token_ids)
-        with self._active(name), torch.inference_mode():
-            was_training = model.training
-            model.eval()
-            try:
-                batch = sequence_batch(model, [seq], pad_token_id=self.policy.chat.pad_id, padding_side="right",
-                                       device=next(model.parameters()).device)
-                logits = model(**batch.model_inputs(), use_cache=False, logits_to_keep=t + 1).logits[0, :-1]  # [T, V]
-            finally:
-                model.train(was_training)
-            logp = tempered_log_probs(logits, banned_mask(self.policy.banned_token_ids, logits.shape[-1],
-                                                          logits.device), temperature)  # [T, V] float32
-            chosen = logp.gather(-1, torch.tensor(token_ids, device=logp.device)[:, None]).squeeze(-1)
-            vals, ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)  # [T, k]
-        rows = [sorted(zip(v, i), key=lambda x: (-x[0], x[1])) for v, i in zip(vals.tolist(), ids.tolist())]
-        return chosen.tolist(), [[i for _, i in r] for r in rows], [[v for v, _ in r] for r in rows]
+            return self.engine.generate([prompt], sampling,
+                                        on_token=lambda i, k, t, lp, *top: on_token(k, t, lp, *top))[0]
 
 
 def _restore_file_values(model, spec: AdapterSpec, internal: str) -> None:

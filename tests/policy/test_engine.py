@@ -112,6 +112,76 @@ def test_an_exception_in_on_token_ends_generate(policy):
     assert again[0][0].token_ids[:3] == calls
 
 
+def _teacher_forced_dist(policy, prompt: PromptInput, token_ids: list[int], temperature: float) -> torch.Tensor:
+    """[T, V] float32: log_softmax((logits masked on policy.banned_token_ids) / tau) at the T positions that
+    predict ``token_ids``, from one forward of prompt + completion (no KV cache, no engine code)."""
+    seq = PromptInput(input_ids=[*prompt.input_ids, *token_ids], pixel_values=prompt.pixel_values,
+                      image_grid_thw=prompt.image_grid_thw)
+    with torch.no_grad():
+        batch = sequence_batch(policy.model, [seq], padding_side="right")
+        logits = policy.model(**batch.model_inputs(), use_cache=False).logits[0].float()  # [L, V]
+    logits[:, list(policy.banned_token_ids)] = float("-inf")
+    tau = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / tau, dim=-1)[-len(token_ids) - 1:-1]
+
+
+@pytest.mark.parametrize("share_prefill", [True, False])
+def test_top_logprobs_are_the_teacher_forced_top_of_the_sampled_distribution(policy, share_prefill):
+    """Seeded sampling at temperature 0.7 with top-k / top-p truncation, 2 prompts x n=2 (left padding, rows
+    finishing apart), extra banned ids (ids the unbanned policy ranks top at the first step, so the mask shows):
+    each step's top 5 are the top 5 of a teacher-forced forward of prompt + completion with the same mask and
+    temperature, before truncation (ids equal, values within 1e-4 in float32); the token's own logprob is its
+    entry; on_token gets them as its fifth argument; the tokens and logprobs are those sampled without them."""
+    k, temperature = 5, 0.7
+    prompts = _prompts(policy, 2)
+    eng = TransformersEngine(policy, share_prefill=share_prefill)
+    first = eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=1, top_logprobs=k))
+    extra = first[0][0].top_logprobs[0].token_ids[:2] + first[1][0].top_logprobs[0].token_ids[:1]
+    policy.banned_token_ids = sorted({*policy.banned_token_ids, *extra})
+    sp = SamplingParams(temperature=temperature, top_k=30, top_p=0.9, max_new_tokens=10, n=2, seed=3)
+    plain = eng.generate(prompts, sp)
+    seen: dict[tuple[int, int], list] = {}
+    sp_top = SamplingParams(**{**sp.__dict__, "top_logprobs": k})
+    got = eng.generate(prompts, sp_top, on_token=lambda i, j, t, lp, top: seen.setdefault((i, j), []).append(top))
+    assert all(c.top_logprobs is None for g in plain for c in g)
+    assert [[(c.token_ids, c.logprobs, c.text) for c in g] for g in got] == \
+        [[(c.token_ids, c.logprobs, c.text) for c in g] for g in plain]
+    for i, g in enumerate(got):
+        for j, c in enumerate(g):
+            assert seen[i, j] == c.top_logprobs and len(c.top_logprobs) == len(c.token_ids)
+            dist = _teacher_forced_dist(policy, prompts[i], c.token_ids, temperature)  # [T, V]
+            want_vals, want_ids = dist.topk(k, dim=-1)  # [T, k]
+            for t, (tok, lp, top) in enumerate(zip(c.token_ids, c.logprobs, c.top_logprobs)):
+                assert top.token_ids == want_ids[t].tolist(), (i, j, t)
+                assert torch.allclose(torch.tensor(top.logprobs), want_vals[t], atol=1e-4, rtol=0), (i, j, t)
+                assert not set(top.token_ids) & set(extra)
+                assert top.logprobs == sorted(top.logprobs, reverse=True)
+                if tok in top.token_ids:
+                    assert top.logprobs[top.token_ids.index(tok)] == lp  # exact: the same tensor
+                else:
+                    assert lp <= top.logprobs[-1]
+            assert (dist.topk(sp.top_k, dim=-1).values.exp().sum(-1) < 0.99).all()  # truncation drops mass
+
+
+def test_top_logprobs_of_orders_ties_by_id():
+    from rlkit.policy.engine import top_logprobs_of
+
+    logp = torch.tensor([[-1.0, -0.5, -1.0, -3.0, -0.5], [-2.0, -2.0, -2.0, -2.0, -2.0]])
+    ids, vals = top_logprobs_of(logp, 4)  # (which of the ids tied at the cut are kept is torch.topk's choice)
+    assert ids[0].tolist() == [1, 4, 0, 2] and vals.tolist() == [[-0.5, -0.5, -1.0, -1.0], [-2.0] * 4]
+    assert ids[1].tolist() == sorted(ids[1].tolist())
+    ids, vals = top_logprobs_of(logp, 3)
+    assert ids[0, :2].tolist() == [1, 4] and ids[0, 2] in (0, 2)
+    assert top_logprobs_of(logp, 9)[0].tolist() == [[1, 4, 0, 2, 3], [0, 1, 2, 3, 4]]
+
+
+def test_sampling_params_check_top_logprobs():
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            SamplingParams(top_logprobs=bad).validate()
+    SamplingParams(top_logprobs=20).validate()
+
+
 def test_stop_and_length_finish_reasons(policy):
     chat = policy.chat
     # Make <|im_end|> the only likely token after 2 steps: bias the output layer.

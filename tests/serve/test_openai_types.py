@@ -138,8 +138,8 @@ def test_raw_responses_validate_against_the_openai_types(server):
     assert all("usage" not in json.loads(d) for d in no_usage[:-1])  # OpenAI sends usage only when asked
 
 
-#: Logprob requests of the streaming tests: top_logprobs (sent once the completion is done, from the teacher-forced
-#: forward), the sampler's logprobs (sent live, token by token) and none (live).
+#: Logprob requests of the streaming tests: top_logprobs and the sampler's logprobs (both sent live, token by token
+#: with the sampler's values) and none (live).
 LOGPROB_KINDS = {"top_logprobs": dict(logprobs=True, top_logprobs=2), "logprobs": dict(logprobs=True), "none": {}}
 
 
@@ -222,6 +222,8 @@ def test_logprobs_are_the_policys_teacher_forced_logprobs(client, reference, tem
     with_ids = client.chat.completions.create(**kw, top_logprobs=5, extra_body={"return_tokens_as_token_ids": True})
     sampler = client.chat.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})  # no top: sampler's
     named = client.chat.completions.create(**kw, top_logprobs=5)
+    chunks = list(client.chat.completions.create(**kw, top_logprobs=5, stream=True,
+                                                 extra_body={"return_tokens_as_token_ids": True}))
     assert with_ids.usage.prompt_tokens == len(turn.input_ids)
     for i in range(2):
         entries = with_ids.choices[i].logprobs.content
@@ -234,6 +236,9 @@ def test_logprobs_are_the_policys_teacher_forced_logprobs(client, reference, tem
         got_sampler = torch.tensor([e.logprob for e in sampler.choices[i].logprobs.content])
         assert torch.allclose(got_sampler, want, atol=TOL, rtol=0), (got_sampler - want).abs().max()
         assert all(e.top_logprobs == [] for e in sampler.choices[i].logprobs.content)  # none asked
+        assert [e.logprob for e in sampler.choices[i].logprobs.content] == got.tolist()  # asking top changes nothing
+        streamed = [e for c in chunks for ch in c.choices if ch.index == i and ch.logprobs for e in ch.logprobs.content]
+        assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]  # streamed = non-streamed
         assert (want < -1e-3).any(), "a near-certain completion would not test the values"
         for t, e in enumerate(entries):
             top_vals, top_ids = dist[t].topk(5)

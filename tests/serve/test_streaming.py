@@ -42,9 +42,9 @@ class GatedEngine:
     def generate(self, prompts, sampling, on_token=None):
         import time
 
-        def tap(i, k, token_id, logprob):
+        def tap(i, k, token_id, logprob, *top):
             self.tokens += 1
-            on_token(i, k, token_id, logprob)
+            on_token(i, k, token_id, logprob, *top)
             if self.tokens == PAUSE_AT:
                 self.released = self.gate.wait(GATE_S)
             elif self.tokens > PAUSE_AT and self.slow_s:
@@ -83,14 +83,19 @@ def _events(resp: httpx.Response):
         yield json.loads(line[len("data: "):])
 
 
-def test_first_content_arrives_while_the_engine_is_still_sampling(served):
+@pytest.mark.parametrize("top", [0, 3])
+def test_first_content_arrives_while_the_engine_is_still_sampling(served, top):
+    """The first text and the first logprobs (with their ``top_logprobs`` when asked) reach the client while the
+    engine waits at its PAUSE_AT-th token, and the stream equals the non-streamed answer."""
     srv, gated = served
     body = {"model": "a", "messages": MESSAGES, "max_tokens": 40, "temperature": 0, "logprobs": True}
+    if top:
+        body["top_logprobs"] = top
     gated.reset()
     gated.gate.set()  # the non-streamed answer, for reference
     once = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).json()
     gated.reset()
-    at_first = None
+    at_first = at_logprobs = None
     texts, entries = [], []
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
@@ -98,16 +103,22 @@ def test_first_content_arrives_while_the_engine_is_still_sampling(served):
             assert "error" not in chunk, chunk
             for ch in chunk["choices"]:
                 piece = ch["delta"].get("content")
-                if piece and at_first is None:  # the first text: the engine must still be inside generate
+                got = (ch["logprobs"] or {}).get("content", [])
+                if got and at_logprobs is None:  # the first logprobs: the engine must still be inside generate
+                    at_logprobs = (gated.finished.is_set(), gated.tokens, [len(e["top_logprobs"]) for e in got])
+                if piece and at_first is None:  # the first text: likewise
                     at_first = (gated.finished.is_set(), gated.tokens)
+                if at_first is not None and at_logprobs is not None:
                     gated.gate.set()
                 texts.append(piece or "")
-                entries += (ch["logprobs"] or {}).get("content", [])
+                entries += got
     assert gated.released is True, "the engine waited for a chunk that never came before it finished"
     assert at_first is not None and at_first[0] is False and 1 <= at_first[1] <= PAUSE_AT, at_first
+    assert at_logprobs is not None and at_logprobs[0] is False and 1 <= at_logprobs[1] <= PAUSE_AT, at_logprobs
+    assert at_logprobs[2] and set(at_logprobs[2]) == {top}, at_logprobs  # the top ones came with the first token
     assert gated.tokens > PAUSE_AT + 5 and gated.tokens == once["usage"]["completion_tokens"]
     assert "".join(texts) == once["choices"][0]["message"]["content"]
-    assert entries == once["choices"][0]["logprobs"]["content"]  # the sampler's logprobs, token by token
+    assert entries == once["choices"][0]["logprobs"]["content"]  # the sampler's logprobs (and top), token by token
 
 
 def test_a_client_that_leaves_stops_the_sampling(served):
