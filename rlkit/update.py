@@ -54,6 +54,25 @@ def grad_clip_limit(max_grad_norm: float) -> float:
     return max_grad_norm if max_grad_norm > 0 else math.inf
 
 
+def clip_and_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
+                  clip: Callable[[list[torch.nn.Parameter], float], Any] = torch.nn.utils.clip_grad_norm_) -> float:
+    """One optimizer step of the GRPO update: clip the gradients of ``params`` to ``max_grad_norm`` (0 = off,
+    grad_clip_limit), step, clear the gradients. ``clip(params, max_norm)`` returns the norm before clipping
+    (a tensor or float): torch's ``clip_grad_norm_``, or rlkit.distributed.fsdp.clip_grad_norm over sharded
+    gradients. Returns that norm as a float.
+
+    Raises: FloatingPointError on a non-finite norm (gradients cleared, no step taken)."""
+    grad_norm = float(clip(params, grad_clip_limit(max_grad_norm)))
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(
+            f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def grpo_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -96,15 +115,7 @@ def grpo_update(
                     nll = demonstration_nll(policy, term.sequences)
                     (term.coef * nll).backward()
                     term_nll[f"{term.name}/nll"] = float(nll.detach())
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
-            if not torch.isfinite(grad_norm):
-                optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(
-                    f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
-                )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            stats["policy/grad_norm"] = float(grad_norm)
+            stats["policy/grad_norm"] = clip_and_step(optimizer, params, cfg.max_grad_norm)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             n_opt += 1

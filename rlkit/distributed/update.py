@@ -291,20 +291,12 @@ def _optimizer_step(root: Any, optimizer: torch.optim.Optimizer, params: list[to
 
     Raises: FloatingPointError on a non-finite norm (on every rank; gradients cleared, no step)."""
     from rlkit.distributed.fsdp import clip_grad_norm
-    from rlkit.update import grad_clip_limit
+    from rlkit.update import clip_and_step
 
     reduce = getattr(root, "reduce_gradients", None)  # strategy=ddp: sum the ranks' gradients now
     if reduce is not None:  # (an FSDP root reduced them in the last backward)
         reduce(params)
-    grad_norm = clip_grad_norm(params, grad_clip_limit(cfg.max_grad_norm))  # 0 = off
-    if not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(
-            f"non-finite gradient norm ({grad_norm}) in the GRPO update; lower lr or check the rewards"
-        )
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return clip_and_step(optimizer, params, cfg.max_grad_norm, clip=clip_grad_norm)
 
 
 def _nll_backward(policy: Any, root: Any, seqs: list[Trajectory], coef: float, weight: float, collective: bool,
