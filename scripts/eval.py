@@ -99,10 +99,13 @@ def load_eval_policy(policy_cfg: dict, adapter, base: str | None, allow_base_mis
     if adapter is None:
         return load_policy(**cfg, base_path=chosen, train_mode="full")
     acfg = adapter.config()
-    targets = acfg.get("target_modules")
+    targets, exclude = acfg.get("target_modules"), acfg.get("exclude_modules")
     cfg["lora"] = {**dict(cfg.get("lora") or {}), "enabled": True, "rank": int(acfg["r"]),
                    "alpha": float(acfg["lora_alpha"]), "dropout": 0.0,
-                   "target_modules": targets if isinstance(targets, str) else sorted(targets)}
+                   "target_modules": targets if isinstance(targets, str) else sorted(targets),
+                   # what the adapter left out although a target name reaches it (all-linear: the Conv3d patch
+                   # embedding, whose leaf name `proj` is a target): without it the rebuilt model has LoRA there
+                   "exclude_modules": exclude if exclude is None or isinstance(exclude, str) else sorted(exclude)}
     policy = load_policy(**cfg, base_path=chosen, train_mode="lora")
     policy.load_adapter(adapter.path)
     return policy

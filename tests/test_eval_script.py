@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from envs.visgym import VisGymMaze
 from tests.conftest import TEST_DTYPE
@@ -220,3 +221,33 @@ def test_negative_numbers_are_refused_by_the_parser(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["run", flag, value])
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora", [{"include_vision": True}, {"include_vision": False},
+                                  {"target_modules": ["proj", "qkv", "q_proj"]}],
+                         ids=["all-linear+vision", "all-linear", "list-with-conv3d"])
+def test_an_adapter_is_rebuilt_with_exactly_its_modules(tiny_test_ckpt, tmp_path, lora):
+    """scripts/eval.py rebuilds base + LoRA from the adapter's own config and loads it in place: every saved LoRA
+    tensor lands on a module of the rebuilt model and nothing else is adapted. The default recipe's adapter
+    (all-linear with the vision tower) excludes the Conv3d patch embedding whose leaf name, proj, is a target; a
+    rebuild that dropped the adapter's exclude_modules put LoRA there and refused the adapter."""
+    from rlkit.policy import load_policy
+    from rlkit.serve.models import parse_adapter_arg
+    from tests.policy.conftest import perturb_lora
+
+    cfg = {"name": "eval_test", "path": str(tiny_test_ckpt), "device": "cpu", "dtype": TEST_DTYPE,
+           "lora": {"rank": 4, "alpha": 8, **lora}}
+    trained = load_policy(**cfg)
+    perturb_lora(trained.model, 3, scale=1.0)
+    trained.save_adapter(tmp_path / "adapter")
+    saved = {n: p.detach().clone() for n, p in trained.model.named_parameters() if "lora_" in n}
+
+    # the run's policy config, as eval.py composes it (conf/policy/*.yaml: all-linear, whatever the adapter had)
+    run_cfg = {**cfg, "lora": {"rank": 16, "alpha": 32, "include_vision": False}}
+    policy = load_eval_script().load_eval_policy(run_cfg, parse_adapter_arg(str(tmp_path / "adapter")),
+                                                 str(tiny_test_ckpt))
+    loaded = {n: p.detach() for n, p in policy.model.named_parameters() if "lora_" in n}
+    assert loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+    conv_adapted = any("patch_embed" in n for n in loaded)
+    assert conv_adapted == ("target_modules" in lora)  # a list naming proj adapts the Conv3d, as it trained

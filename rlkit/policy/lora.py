@@ -47,6 +47,10 @@ class LoraSettings:
         names / a regex string, passed to peft as is.
     include_vision: with "all-linear", also adapt the vision tower's linears (never lm_head, never the Conv3d patch
         embedding that shares the leaf name ``proj``: ``excluded_modules``).
+    exclude_modules: None, or module names / a regex string peft must leave alone although a target matches them
+        (peft's ``LoraConfig.exclude_modules``, passed as is); "all-linear" adds ``excluded_modules`` to them. An
+        adapter's saved config records what it excluded, so a model rebuilt from that config (scripts/eval.py)
+        gets exactly the adapter's modules.
     """
 
     enabled: bool = True
@@ -55,6 +59,7 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: Any = "all-linear"
     include_vision: bool = False
+    exclude_modules: Any = None
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
@@ -64,6 +69,9 @@ class LoraSettings:
             raise ValueError(f"lora.dropout={self.dropout} must be in [0, 1)")
         if not (isinstance(self.target_modules, str) or isinstance(self.target_modules, (list, tuple))):
             raise ValueError(f"lora.target_modules must be 'all-linear', a list of names or a regex, got {self.target_modules!r}")
+        if self.exclude_modules is not None and not isinstance(self.exclude_modules, (str, list, tuple)):
+            raise ValueError(f"lora.exclude_modules must be null, a list of module names or a regex, "
+                             f"got {self.exclude_modules!r}")
 
 
 @dataclass
@@ -171,7 +179,7 @@ def apply_lora(model: nn.Module, settings: LoraSettings, seed: int = 0):
         lora_alpha=float(settings.alpha),
         lora_dropout=float(settings.dropout),
         target_modules=targets,
-        exclude_modules=(excluded_modules(model, targets) or None) if settings.target_modules == "all-linear" else None,
+        exclude_modules=_exclude_modules(model, settings, targets),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -179,6 +187,20 @@ def apply_lora(model: nn.Module, settings: LoraSettings, seed: int = 0):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, cfg)
     return peft_model
+
+
+def _exclude_modules(model: nn.Module, settings: LoraSettings, targets: list[str] | str) -> list[str] | str | None:
+    """peft's ``exclude_modules`` for ``settings``: its own (a regex string as is, names as a list), plus for
+    "all-linear" the non-linear modules its leaf names reach (``excluded_modules``); None when there is none."""
+    own = settings.exclude_modules
+    auto = excluded_modules(model, targets) if settings.target_modules == "all-linear" else []
+    if isinstance(own, str):
+        if auto:
+            raise ValueError(f"lora.exclude_modules={own!r} is a regex, and target_modules=all-linear must also exclude "
+                             f"{auto}: give exclude_modules as a list of module names")
+        return own
+    names = sorted(set(own or ()) | set(auto))
+    return names or None
 
 
 def _file_sha256(path: Path) -> str:

@@ -63,6 +63,28 @@ def test_vision_lora_adapts_the_towers_linears_and_never_the_conv3d(make_policy)
     assert excluded_modules(policy.hf_model, "regex") == []
 
 
+def test_exclude_modules_keeps_named_modules_frozen_and_adds_to_all_linears_own(make_policy):
+    """lora.exclude_modules is peft's: with an explicit target list naming ``proj`` the Conv3d is adapted unless
+    excluded; with all-linear the Conv3d is excluded anyway and a named linear joins it."""
+    conv = "model.visual.patch_embed.proj"
+    listed = make_policy(lora={"rank": 4, "alpha": 8, "target_modules": ["proj", "qkv"]})
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in listed.model.named_parameters() if ".lora_A." in n}
+    assert any(n.endswith(conv) for n in adapted)  # a list is peft's as is
+    kept = make_policy(lora={"rank": 4, "alpha": 8, "target_modules": ["proj", "qkv"], "exclude_modules": [conv]})
+    adapted_kept = {n.rsplit(".lora_A", 1)[0] for n, _ in kept.model.named_parameters() if ".lora_A." in n}
+    assert adapted_kept == {n for n in adapted if not n.endswith(conv)}
+    block0_qkv = "model.visual.blocks.0.attn.qkv"
+    both = make_policy(lora={"rank": 4, "alpha": 8, "include_vision": True, "exclude_modules": [block0_qkv]})
+    assert sorted(both.model.peft_config["default"].exclude_modules) == sorted([conv, block0_qkv])
+    adapted_both = {n.rsplit(".lora_A", 1)[0] for n, _ in both.model.named_parameters() if ".lora_A." in n}
+    assert not any(n.endswith((conv, block0_qkv)) for n in adapted_both)
+    assert any(n.endswith("blocks.1.attn.qkv") for n in adapted_both)
+    with pytest.raises(ValueError, match="regex"):
+        make_policy(lora={"rank": 4, "alpha": 8, "include_vision": True, "exclude_modules": ".*blocks\\.0.*"})
+    with pytest.raises(ValueError, match="exclude_modules"):
+        LoraSettings(exclude_modules=3).validate()
+
+
 def test_full_finetuning_has_no_adapter(make_policy):
     policy = make_policy(train_mode="full")
     assert not policy.is_lora and all(p.requires_grad for p in policy.model.parameters())
