@@ -68,6 +68,21 @@ def check_top_level_keys(cfg: DictConfig) -> None:
         )
 
 
+#: Top-level names other GRPO trainers use (TRL's GRPOConfig, verl's and torchtune's configs) -> rlkit's key, so a
+#: researcher who types the name of their habit is told rlkit's (``learning_rate=1e-5`` -> ``lr``).
+FAMILIAR_KEYS = {
+    "learning_rate": "lr",            # TRL / transformers TrainingArguments
+    "num_generations": "group_size",  # TRL GRPOConfig: completions per prompt
+    "max_steps": "steps",             # TRL / transformers
+    "beta": "algorithm.kl_coef",      # TRL GRPOConfig: the KL coefficient
+    "epsilon": "algorithm.eps_clip_low",  # TRL GRPOConfig: the clip range (epsilon_high: eps_clip_high)
+    "epsilon_high": "algorithm.eps_clip_high",
+    "kl_coef": "algorithm.kl_coef",
+    "temperature": "rollout.temperature",
+    "max_completion_length": "rollout.max_new_tokens",  # TRL GRPOConfig
+}
+
+
 def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
     """The command-line overrides that set (without a '+') a key the typed schema does not have.
 
@@ -119,8 +134,10 @@ def unknown_override_keys(args: list[str], conf_dir: str | Path) -> list[str]:
                     out.append(f"{key} (a lever removed from rlkit, docs/experiments.md; its code is at git tag "
                                "levers-before-removal)")
                     break
-                close = (difflib.get_close_matches(prefix + part, names, n=1)
-                         or [n for n in names if n.endswith("." + part)][:1])
+                close = ([FAMILIAR_KEYS[key]] if key in FAMILIAR_KEYS else []) \
+                    or difflib.get_close_matches(prefix + part, names, n=1) \
+                    or [n for n in names if n.endswith("." + part)][:1] \
+                    or [n for n in names if n == prefix + part.split("_")[0]][:1]  # `lr_rate` -> lr
                 out.append(key + (f" (did you mean {close[0]}?)" if close else ""))
                 break
             cls = _typed_group(known[part])

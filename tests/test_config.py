@@ -210,6 +210,22 @@ def test_long_demo_pipelined_is_long_demo_with_the_rollout_beside_the_update():
     assert (b.num_workers, b.num_rollout_workers, b.colocate, b.one_step_off_policy) == (1, 1, False, True)
 
 
+def test_a_key_named_as_other_trainers_name_it_gets_rlkits_name():
+    """TRL's GRPOConfig names (learning_rate, num_generations, beta, ...) and a key with a suffix (lr_rate) are
+    answered with rlkit's key; every suggested key is a real one, and no familiar name is one of rlkit's keys."""
+    from rlkit.run import FAMILIAR_KEYS, unknown_override_keys
+
+    assert unknown_override_keys(["learning_rate=1e-5", "num_generations=4", "beta=0.04", "lr_rate=1e-5",
+                                  "max_steps=10", "epsilon_high=0.28"], CONF) == [
+        "learning_rate (did you mean lr?)", "num_generations (did you mean group_size?)",
+        "beta (did you mean algorithm.kl_coef?)", "lr_rate (did you mean lr?)", "max_steps (did you mean steps?)",
+        "epsilon_high (did you mean algorithm.eps_clip_high?)"]
+    cfg = _compose(["experiment=smoke"])
+    for theirs, ours in FAMILIAR_KEYS.items():
+        assert OmegaConf.select(cfg, ours, default="missing") != "missing", ours
+        assert OmegaConf.select(cfg, theirs, default="missing") == "missing", theirs
+
+
 def test_a_mistyped_key_is_named_with_the_closest_real_one():
     from rlkit.run import unknown_override_keys
 
