@@ -187,7 +187,7 @@ def test_resume_boundaries_train_exactly_the_remaining_steps(tmp_path, cache):
     _train(run, cache, ["steps=2"])
     assert [s["step"] for s in _steps(run) if "reward/mean" in s] == [1, 2]
     again = _train(run, cache, ["steps=2"])  # after the last step: nothing left to train
-    assert "at step 2" in again.stdout
+    assert "at step 2" in again.stdout and "already trained its 2 steps: nothing left to train" in again.stdout
     assert [s["step"] for s in _steps(run) if "reward/mean" in s] == [1, 2]
     # extend by one step, under a cache where today's config keys no build: the adapter goes back on the warm start
     # it was trained on (its rlkit_adapter.json), nothing is built

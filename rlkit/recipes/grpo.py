@@ -197,6 +197,10 @@ class GRPORecipe:
         self._load(path)
         self.rows.sent = self.rows.written
         self.progress.say(f"resuming from {path} at step {self.state.step}")
+        if self.state.step >= self.cfg.steps:  # the same command run again after the run finished
+            self.progress.say(f"the run already trained its {self.cfg.steps} steps: nothing left to train, only the "
+                              f"final evaluation is run again (steps=N with N > {self.state.step} trains on from here; "
+                              "another hydra.run.dir starts a new run)")
         resume.apply_resume_changes(changes, self.cfg.lr, self.executor.optimizer, self.scheduler, self.out, path,
                                     self.state.step, self.progress.say)
 
