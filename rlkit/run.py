@@ -68,8 +68,8 @@ def check_top_level_keys(cfg: DictConfig) -> None:
         )
 
 
-#: Top-level names other GRPO trainers use (TRL's GRPOConfig, verl's and torchtune's configs) -> rlkit's key, so a
-#: researcher who types the name of their habit is told rlkit's (``learning_rate=1e-5`` -> ``lr``).
+#: Top-level names TRL's GRPOConfig (and transformers' TrainingArguments under it) gives these settings -> rlkit's
+#: key, so a researcher who types the name of their habit is told rlkit's (``learning_rate=1e-5`` -> ``lr``).
 FAMILIAR_KEYS = {
     "learning_rate": "lr",            # TRL / transformers TrainingArguments
     "num_generations": "group_size",  # TRL GRPOConfig: completions per prompt

@@ -169,6 +169,8 @@ def apply_lora(model: nn.Module, settings: LoraSettings, seed: int = 0):
     model computes exactly the base model until trained). Only LoRA parameters are trainable.
 
     Returns: the PeftModel (task_type CAUSAL_LM).
+    Raises: ValueError for settings out of range (LoraSettings.validate), and for ``exclude_modules`` given as a
+    regex with "all-linear", which must add module names of its own (``excluded_modules``).
     """
     from peft import LoraConfig, get_peft_model
 
